@@ -1,0 +1,1 @@
+"""Speculative decoding behind Triton: engines, drafters, gate."""

@@ -1,0 +1,98 @@
+"""The tensor contracts, in one place.
+
+`ENGINE_INPUTS` / `ENGINE_OUTPUTS` are what `spec_gate` sends to and reads from either engine. They are
+a subset of the TensorRT-LLM backend's own `tensorrt_llm` model (same names, dtypes and dims), so a
+`tensorrtllm`-backend engine plugs in unchanged. `ENGINE_EXTENSIONS` are optional extras that only the
+CPU reference engines produce; the gate treats them as optional.
+
+`LLM_INPUTS` / `LLM_OUTPUTS` are the public entry point (`llm` ensemble) from DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str  # Triton config dtype, e.g. "TYPE_INT32"
+    dims: tuple[int, ...]
+    optional: bool = False
+
+    @property
+    def np_dtype(self) -> str:
+        return _NP[self.dtype]
+
+
+_NP = {
+    "TYPE_INT32": "int32",
+    "TYPE_INT64": "int64",
+    "TYPE_UINT64": "uint64",
+    "TYPE_FP32": "float32",
+    "TYPE_BOOL": "bool",
+    "TYPE_STRING": "object",
+}
+
+ENGINE_INPUTS: tuple[Tensor, ...] = (
+    Tensor("input_ids", "TYPE_INT32", (-1,)),
+    Tensor("input_lengths", "TYPE_INT32", (1,)),
+    Tensor("request_output_len", "TYPE_INT32", (1,)),
+    Tensor("end_id", "TYPE_INT32", (1,), optional=True),
+    Tensor("pad_id", "TYPE_INT32", (1,), optional=True),
+    Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True),
+    Tensor("temperature", "TYPE_FP32", (1,), optional=True),
+    Tensor("runtime_top_k", "TYPE_INT32", (1,), optional=True),
+    Tensor("runtime_top_p", "TYPE_FP32", (1,), optional=True),
+    Tensor("random_seed", "TYPE_UINT64", (1,), optional=True),
+    Tensor("streaming", "TYPE_BOOL", (1,), optional=True),
+    Tensor("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
+)
+
+ENGINE_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("output_ids", "TYPE_INT32", (-1, -1)),
+    Tensor("sequence_length", "TYPE_INT32", (-1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+
+# CPU-engine extras (not produced by tensorrtllm): per-request draft count and accepted tokens per
+# draft position, which feed spec_decode_num_drafts_total and ..._per_pos_total.
+ENGINE_EXTENSIONS: tuple[Tensor, ...] = (
+    Tensor("num_drafts", "TYPE_INT32", (1,)),
+    Tensor("accepted_per_position", "TYPE_INT32", (-1,)),
+)
+
+# Per-request speculative knobs travel to spec_engine as request *parameters*, not tensors, so the
+# tensor contract stays the TensorRT-LLM one (which fixes the algorithm at engine build time).
+PARAM_ALGORITHM = "speculative_algorithm"
+PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
+
+LLM_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "TYPE_STRING", (1,)),
+    Tensor("max_tokens", "TYPE_INT32", (1,), optional=True),
+    Tensor("temperature", "TYPE_FP32", (1,), optional=True),
+    Tensor("top_p", "TYPE_FP32", (1,), optional=True),
+    Tensor("top_k", "TYPE_INT32", (1,), optional=True),
+    Tensor("seed", "TYPE_INT64", (1,), optional=True),
+    Tensor("stream", "TYPE_BOOL", (1,), optional=True),
+    Tensor("stop", "TYPE_STRING", (-1,), optional=True),
+    Tensor("apply_chat_template", "TYPE_BOOL", (1,), optional=True),
+    Tensor("use_speculative_decoding", "TYPE_BOOL", (1,), optional=True),
+    Tensor("speculative_algorithm", "TYPE_STRING", (1,), optional=True),
+    Tensor("num_speculative_tokens", "TYPE_INT32", (1,), optional=True),
+)
+
+LLM_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    Tensor("route", "TYPE_STRING", (1,)),
+    Tensor("gate_reason", "TYPE_STRING", (1,)),
+    Tensor("num_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("num_accepted_tokens", "TYPE_INT32", (1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+)
+
+# Request parameters that Triton fills from headers (gRPC) or body fields (HTTP generate).
+HEADER_API_KEY = "x-api-key"
+HEADER_SPEC_MODE = "x-speculative-decoding"

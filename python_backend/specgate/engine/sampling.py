@@ -1,0 +1,52 @@
+"""Sampling parameters and the logits -> probabilities warp shared by the baseline and the verifier.
+
+Speculative sampling is only exact if the draft's q and the target's p are warped the same way as
+baseline sampling warps p, so there is one `warp` function for all of them.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, Field
+from torch import Tensor
+
+
+class SamplingParams(BaseModel):
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, description="0 = no top-k filter")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self) -> torch.Generator:
+        """A per-request RNG: a request's samples never depend on what else is running."""
+        g = torch.Generator()
+        g.manual_seed(self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        return g
+
+
+def warp(logits: Tensor, p: SamplingParams) -> Tensor:
+    """Probabilities after temperature, top-k and top-p, over the last dim (float32)."""
+    logits = logits.float() / p.temperature
+    if p.top_k > 0 and p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= p.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_token(logits: Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    """One token from a [V] logits row: argmax when greedy, else a draw from `warp`."""
+    if p.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(warp(logits, p), 1, generator=gen))
