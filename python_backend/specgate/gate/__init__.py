@@ -1,0 +1,18 @@
+"""The gate: per-request choice between the baseline and the speculative engine.
+
+policy  - the policy file (pydantic), hot reload
+breaker - per-tenant acceptance EMA and circuit breaker
+router  - `Gate`: decide() and the outcome reports that feed the breaker and metrics
+metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)
+"""
+
+from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.metrics import GateMetrics
+from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, load_policy, parse_policy
+from specgate.gate.router import REASONS, Decision, Gate, RequestInputs, SpecStats
+
+__all__ = [
+    "Admission", "BreakerState", "CircuitBreakers", "Decision", "Gate", "GateMetrics", "Mode",
+    "Policy", "PolicyError", "PolicyStore", "REASONS", "RequestInputs", "SpecStats", "load_policy",
+    "parse_policy",
+]

@@ -1,0 +1,139 @@
+"""Per-tenant circuit breaker on the rolling speculative acceptance rate.
+
+Acceptance EMA, one sample per finished speculative request that drafted at least one token:
+
+    alpha_t = (1 - w) * alpha_{t-1} + w * (accepted / drafted)        w = breaker.ema_weight
+
+Weighted per request, not per draft token, so one long generation cannot outvote many short ones
+(what a tenant experiences is per request). The first sample seeds the EMA.
+
+States (each tenant has its own; tenants never affect one another):
+
+    closed    -> open       after >= min_samples samples with EMA < open_threshold,
+                            or failure_threshold consecutive engine failures
+    open      -> half_open  cooldown_s after opening (checked when the tenant's next request arrives)
+    half_open -> closed     after probe_samples probe results with EMA >= close_threshold
+    half_open -> open       after probe_samples probe results with EMA < close_threshold,
+                            or on any engine failure
+
+Entering half_open restarts the EMA, so recovery is judged on the probes alone, not on the samples
+that opened the circuit. In half_open a bounded fraction (probe_fraction) of the tenant's requests
+is admitted as probes: the 1st, then one more each time admitted/seen falls to the fraction.
+
+Time comes from an injected `now()` so tests drive cooldowns without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+from specgate.gate.policy import BreakerPolicy
+
+
+class BreakerState(str, Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Admission(str, Enum):
+    ALLOW = "allow"  # closed: speculate
+    PROBE = "probe"  # half-open: speculate as a probe
+    DENY = "deny"  # open, or half-open and not chosen as a probe
+
+
+Transition = Callable[[str, BreakerState, BreakerState], None]
+
+
+@dataclass(slots=True)
+class _Tenant:
+    state: BreakerState = BreakerState.CLOSED
+    ema: float | None = None
+    samples: int = 0
+    consecutive_failures: int = 0
+    opened_at: float = 0.0
+    seen: int = 0  # requests seen in the current half-open period
+    probes: int = 0  # of which admitted as probes
+    probe_results: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSnapshot:
+    state: BreakerState
+    ema: float | None
+    samples: int
+
+
+class CircuitBreakers:
+    """All tenants' breakers. Thread-safe; `on_transition(tenant, old, new)` runs under the lock."""
+
+    def __init__(self, now: Callable[[], float], on_transition: Transition | None = None) -> None:
+        self._now = now
+        self._on_transition = on_transition
+        self._tenants: dict[str, _Tenant] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, tenant: str, cfg: BreakerPolicy) -> Admission:
+        with self._lock:
+            t = self._tenants.get(tenant)
+            if t is None or t.state is BreakerState.CLOSED:
+                return Admission.ALLOW
+            if t.state is BreakerState.OPEN:
+                if self._now() - t.opened_at < cfg.cooldown_s:
+                    return Admission.DENY
+                self._move(tenant, t, BreakerState.HALF_OPEN)
+            t.seen += 1
+            # Probe while the admitted share is at or below the fraction; the first request probes.
+            if t.probes <= cfg.probe_fraction * (t.seen - 1) + 1e-9:
+                t.probes += 1
+                return Admission.PROBE
+            return Admission.DENY
+
+    def record_acceptance(self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy) -> float | None:
+        """Feed one finished speculative request; returns the tenant's EMA."""
+        with self._lock:
+            t = self._tenants.setdefault(tenant, _Tenant())
+            if drafted <= 0:
+                return t.ema  # nothing was drafted: no evidence either way
+            rate = min(max(accepted / drafted, 0.0), 1.0)
+            t.ema = rate if t.ema is None else (1.0 - cfg.ema_weight) * t.ema + cfg.ema_weight * rate
+            t.samples += 1
+            t.consecutive_failures = 0
+            if t.state is BreakerState.CLOSED:
+                if t.samples >= cfg.min_samples and t.ema < cfg.open_threshold:
+                    self._move(tenant, t, BreakerState.OPEN)
+            elif t.state is BreakerState.HALF_OPEN:
+                t.probe_results += 1
+                if t.probe_results >= cfg.probe_samples:
+                    ok = t.ema >= cfg.close_threshold
+                    self._move(tenant, t, BreakerState.CLOSED if ok else BreakerState.OPEN)
+            # OPEN: results of requests admitted before it opened update the EMA only.
+            return t.ema
+
+    def record_failure(self, tenant: str, cfg: BreakerPolicy) -> None:
+        """A speculative-engine failure for this tenant; repeated failures open the circuit."""
+        with self._lock:
+            t = self._tenants.setdefault(tenant, _Tenant())
+            t.consecutive_failures += 1
+            if t.state is BreakerState.HALF_OPEN or (
+                t.state is BreakerState.CLOSED and t.consecutive_failures >= cfg.failure_threshold
+            ):
+                self._move(tenant, t, BreakerState.OPEN)
+
+    def snapshot(self, tenant: str) -> BreakerSnapshot:
+        with self._lock:
+            t = self._tenants.get(tenant) or _Tenant()
+            return BreakerSnapshot(t.state, t.ema, t.samples)
+
+    def _move(self, tenant: str, t: _Tenant, new: BreakerState) -> None:
+        old, t.state = t.state, new
+        if new is BreakerState.OPEN:
+            t.opened_at = self._now()
+        elif new is BreakerState.HALF_OPEN:
+            t.ema, t.samples, t.seen, t.probes, t.probe_results = None, 0, 0, 0, 0
+        t.consecutive_failures = 0
+        if self._on_transition is not None:
+            self._on_transition(tenant, old, new)

@@ -1,0 +1,140 @@
+"""The gate's Prometheus metrics, exported through Triton's `pb_utils.MetricFamily`.
+
+The metric-family factory is injected: the adapter passes `triton_python_backend_utils` itself, tests
+pass a fake with the same shape (`factory.MetricFamily(name=, description=, kind=)`, the kinds as
+`MetricFamily.COUNTER|GAUGE|HISTOGRAM`, `family.Metric(labels=..., buckets=...)`, and
+`.increment(v)` / `.set(v)` / `.observe(v)`). Metric objects are cached per label set.
+
+Formulas (as vLLM and TensorRT-LLM compute them), over any window `[5m]`:
+
+    acceptance rate            = rate(spec_decode_num_accepted_tokens_total)
+                                 / rate(spec_decode_num_draft_tokens_total)
+    mean acceptance length     = 1 + rate(spec_decode_num_accepted_tokens_total)
+                                     / rate(spec_decode_num_drafts_total)
+    acceptance at position i   = rate(spec_decode_num_accepted_tokens_per_pos_total{position="i"})
+                                 / rate(spec_decode_num_drafts_total)
+    spec_decode_acceptance_rate{tenant}  the breaker's rolling per-request EMA (a gauge)
+    spec_gate_circuit_open{tenant}       0 closed, 0.5 half-open, 1 open
+
+Tenant labels are `tenant_label(sha256(api key))`: 8 hex, never the raw key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+# 5 us .. 10 ms: a decision is expected in tens of microseconds; the tail shows policy reloads.
+DECISION_LATENCY_BUCKETS: list[float] = [
+    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
+]
+
+NUM_DRAFTS = "spec_decode_num_drafts_total"
+NUM_DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
+NUM_ACCEPTED_TOKENS = "spec_decode_num_accepted_tokens_total"
+NUM_ACCEPTED_PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
+ACCEPTANCE_RATE = "spec_decode_acceptance_rate"
+DECISIONS = "spec_gate_decisions_total"
+CIRCUIT_OPEN = "spec_gate_circuit_open"
+SHADOW_MISMATCH = "spec_gate_shadow_mismatch_total"
+SHADOW_COMPARISONS = "spec_gate_shadow_comparisons_total"
+DECISION_LATENCY = "spec_gate_decision_latency_seconds"
+ENGINE_FAILURES = "spec_gate_engine_failures_total"
+IN_FLIGHT = "spec_gate_in_flight"
+
+_Labels = tuple[tuple[str, str], ...]
+
+
+class GateMetrics:
+    def __init__(self, factory: Any | None) -> None:
+        """`factory`: `triton_python_backend_utils` (or a fake); None exports nothing."""
+        mf = (factory if factory is not None else _NULL_FACTORY).MetricFamily
+        counter, gauge, histogram = mf.COUNTER, mf.GAUGE, mf.HISTOGRAM
+        specs = {
+            NUM_DRAFTS: ("Speculative drafts proposed (verification steps)", counter),
+            NUM_DRAFT_TOKENS: ("Draft tokens proposed", counter),
+            NUM_ACCEPTED_TOKENS: ("Draft tokens accepted by the target", counter),
+            NUM_ACCEPTED_PER_POS: ("Draft tokens accepted, by draft position (0-based)", counter),
+            ACCEPTANCE_RATE: ("Rolling per-request acceptance EMA per tenant", gauge),
+            DECISIONS: ("Gate decisions by route and reason", counter),
+            CIRCUIT_OPEN: ("Breaker state per tenant: 0 closed, 0.5 half-open, 1 open", gauge),
+            SHADOW_MISMATCH: ("Shadow mirrors whose output differed from the baseline", counter),
+            SHADOW_COMPARISONS: ("Shadow mirrors compared with the baseline", counter),
+            DECISION_LATENCY: ("Time to take one gate decision, seconds", histogram),
+            ENGINE_FAILURES: ("Engine calls that failed, by engine", counter),
+            IN_FLIGHT: ("Requests in flight through the gate", gauge),
+        }
+        self._families = {
+            name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
+        }
+        self._metrics: dict[tuple[str, _Labels], Any] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, name: str, labels: _Labels = (), buckets: list[float] | None = None) -> Any:
+        key = (name, labels)
+        metric = self._metrics.get(key)
+        if metric is None:
+            with self._lock:
+                metric = self._metrics.get(key)
+                if metric is None:
+                    kwargs: dict[str, Any] = {"labels": dict(labels)}
+                    if buckets is not None:
+                        kwargs["buckets"] = buckets
+                    metric = self._families[name].Metric(**kwargs)
+                    self._metrics[key] = metric
+        return metric
+
+    def decision(self, route: str, reason: str, latency_s: float) -> None:
+        self._get(DECISIONS, (("route", route), ("reason", reason))).increment(1)
+        self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS).observe(latency_s)
+
+    def speculative_stats(
+        self,
+        num_drafts: int,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        accepted_per_position: Sequence[int],
+    ) -> None:
+        self._get(NUM_DRAFTS).increment(num_drafts)
+        self._get(NUM_DRAFT_TOKENS).increment(num_draft_tokens)
+        self._get(NUM_ACCEPTED_TOKENS).increment(num_accepted_tokens)
+        for pos, n in enumerate(accepted_per_position):
+            if n:
+                self._get(NUM_ACCEPTED_PER_POS, (("position", str(pos)),)).increment(n)
+
+    def acceptance_rate(self, tenant: str, ema: float) -> None:
+        self._get(ACCEPTANCE_RATE, (("tenant", tenant),)).set(ema)
+
+    def circuit_state(self, tenant: str, value: float) -> None:
+        self._get(CIRCUIT_OPEN, (("tenant", tenant),)).set(value)
+
+    def shadow_compared(self, mismatch: bool) -> None:
+        self._get(SHADOW_COMPARISONS).increment(1)
+        if mismatch:
+            self._get(SHADOW_MISMATCH).increment(1)
+
+    def engine_failure(self, engine: str) -> None:
+        self._get(ENGINE_FAILURES, (("engine", engine),)).increment(1)
+
+    def in_flight(self, n: int) -> None:
+        self._get(IN_FLIGHT).set(n)
+
+
+class _NullMetric:
+    def increment(self, value: float) -> None: ...
+    def set(self, value: float) -> None: ...
+    def observe(self, value: float) -> None: ...
+
+
+class _NullFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, name: str, description: str, kind: str) -> None: ...
+
+    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _NullMetric:  # noqa: N802
+        return _NullMetric()
+
+
+_NULL_FACTORY = SimpleNamespace(MetricFamily=_NullFamily)

@@ -1,0 +1,256 @@
+"""The gate's policy: one YAML (or JSON) file, validated with pydantic, reloaded without a restart.
+
+`Policy` is the whole file. Every field has a default, so an empty mapping (`{}`) is a valid policy;
+an empty *file* is not (a half-written file must not silently reset every threshold).
+
+`PolicyStore` owns the current policy. `current()` is called on every decision; it `stat`s the file
+at most once per `check_interval_s` and, when the mtime/size changed, loads and validates it. An
+invalid file is rejected with a logged reason and the previous policy stays in force.
+
+Tenants are keyed by API key, either raw or as `sha256:<64 hex>` so the file need not hold secrets.
+Internally every key is its SHA-256 hex digest; metric labels use the first 8 hex of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Callable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+log = logging.getLogger(__name__)
+
+Algorithm = Literal["eagle", "eagle2", "draft_model", "ngram"]
+ALGORITHMS: tuple[str, ...] = ("eagle", "eagle2", "draft_model", "ngram")
+Percent = Annotated[float, Field(ge=0.0, le=100.0)]
+UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Mode(str, Enum):
+    OFF = "off"  # always baseline
+    SHADOW = "shadow"  # serve baseline, mirror to the speculative engine and compare
+    PROD = "prod"  # serve speculative (subject to the rules)
+
+
+class PolicyError(ValueError):
+    """A request the policy rejects (e.g. a malformed `x-speculative-decoding` value).
+
+    The adapter answers it with `pb_utils.TritonError.INVALID_ARG` and `str(error)` as the message.
+    """
+
+
+def _yaml_off(value: object) -> object:
+    # YAML 1.1 reads an unquoted `off` as False; `mode: off` must still mean Mode.OFF.
+    return Mode.OFF if value is False else value
+
+
+class _Strict(BaseModel):
+    # A typo in a threshold name must fail loudly, not fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BreakerPolicy(_Strict):
+    """Per-tenant circuit breaker on the rolling acceptance rate (see breaker.py)."""
+
+    ema_weight: float = Field(0.1, gt=0.0, le=1.0)
+    open_threshold: UnitInterval = 0.55
+    close_threshold: UnitInterval = 0.60
+    min_samples: int = Field(20, ge=1)
+    cooldown_s: float = Field(30.0, ge=0.0)
+    probe_fraction: float = Field(0.1, gt=0.0, le=0.5)
+    probe_samples: int = Field(5, ge=1)
+    failure_threshold: int = Field(3, ge=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> BreakerPolicy:
+        if self.close_threshold < self.open_threshold:
+            raise ValueError("breaker.close_threshold must be >= breaker.open_threshold")
+        return self
+
+
+class LoadPolicy(_Strict):
+    # Speculative only while fewer than this many requests are already in flight; None disables
+    # the gate. 4 is a PLACEHOLDER: issue 5's load measurement sets the measured value (the load
+    # above which verification stops being nearly free and speculation stops paying).
+    max_in_flight: int | None = Field(4, ge=1)
+
+
+class ShadowPolicy(_Strict):
+    max_concurrent_mirrors: int = Field(2, ge=0, le=64)
+
+
+class SpeculativePolicy(_Strict):
+    algorithm: Algorithm = "eagle"
+    num_speculative_tokens: int = Field(4, ge=1)
+    max_num_speculative_tokens: int = Field(8, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _within_max(self) -> SpeculativePolicy:
+        if self.num_speculative_tokens > self.max_num_speculative_tokens:
+            raise ValueError("speculative.num_speculative_tokens exceeds max_num_speculative_tokens")
+        return self
+
+
+class TenantPolicy(_Strict):
+    """Per-tenant settings; `None` means "inherit the org value"."""
+
+    name: str | None = None  # for humans; never exported
+    mode: Mode | None = None
+    temperature_threshold: float | None = Field(None, ge=0.0)
+    canary_percent: Percent | None = None
+    algorithm: Algorithm | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1)
+
+    _mode_off = field_validator("mode", mode="before")(_yaml_off)
+
+
+class Policy(_Strict):
+    version: int = 1
+    mode: Mode = Mode.OFF
+    temperature_threshold: float = Field(0.70, ge=0.0)
+    canary_percent: Percent = 100.0
+    breaker: BreakerPolicy = BreakerPolicy()
+    load: LoadPolicy = LoadPolicy()
+    shadow: ShadowPolicy = ShadowPolicy()
+    speculative: SpeculativePolicy = SpeculativePolicy()
+    unknown_tenant: Literal["org_default", "reject"] = "org_default"
+    malformed_header: Literal["reject", "ignore"] = "reject"
+    tenants: dict[str, TenantPolicy] = {}
+
+    _mode_off = field_validator("mode", mode="before")(_yaml_off)
+
+    @field_validator("tenants")
+    @classmethod
+    def _key_by_digest(cls, tenants: dict[str, TenantPolicy]) -> dict[str, TenantPolicy]:
+        by_digest: dict[str, TenantPolicy] = {}
+        for key, settings in tenants.items():
+            digest = _configured_digest(key)
+            if digest in by_digest:
+                raise ValueError(f"tenant key listed twice (digest {digest[:8]})")
+            by_digest[digest] = settings
+        return by_digest
+
+    @model_validator(mode="after")
+    def _tenant_tokens_within_max(self) -> Policy:
+        limit = self.speculative.max_num_speculative_tokens
+        for digest, t in self.tenants.items():
+            if t.num_speculative_tokens is not None and t.num_speculative_tokens > limit:
+                raise ValueError(f"tenant {digest[:8]}: num_speculative_tokens exceeds {limit}")
+        return self
+
+
+def key_digest(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def tenant_label(digest: str) -> str:
+    """The metric label of a tenant: 8 hex of SHA-256, never the raw key."""
+    return digest[:8]
+
+
+def _configured_digest(key: str) -> str:
+    if key.startswith("sha256:"):
+        hexpart = key[len("sha256:"):].lower()
+        if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+            raise ValueError("a 'sha256:' tenant key needs 64 hex digits")
+        return hexpart
+    if not key:
+        raise ValueError("empty tenant key")
+    return key_digest(key)
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Parse and validate policy text (YAML; JSON is a subset). Raises ValueError with the reason."""
+    if not text.strip():
+        raise ValueError(f"{source}: policy file is empty")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source}: not YAML/JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(f"{source}: {e}") from e
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    return parse_policy(Path(path).read_text(encoding="utf-8"), str(path))
+
+
+class PolicyStore:
+    """The current policy, hot-reloaded from `path` (None: the built-in defaults, never reloaded).
+
+    The initial load raises on an invalid or missing file (fail at model load, not at the first
+    request). Later an invalid, missing or unreadable file keeps the previous policy.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        check_interval_s: float = 1.0,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._path = Path(path) if path is not None else None
+        self._interval = check_interval_s
+        self._now = now
+        self._lock = threading.Lock()
+        self._next_check = now() + check_interval_s
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) last loaded or rejected
+        if self._path is None:
+            self._policy = Policy()
+        else:
+            self._seen = _signature(self._path)
+            self._policy = load_policy(self._path)
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    def current(self) -> Policy:
+        if self._path is not None and self._now() >= self._next_check:
+            self._maybe_reload()
+        return self._policy
+
+    def _maybe_reload(self) -> None:
+        # Non-blocking: one caller checks, the others keep deciding with the current policy.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._next_check = self._now() + self._interval
+            assert self._path is not None
+            try:
+                signature = _signature(self._path)
+            except OSError as e:
+                if self._seen is not None:
+                    log.warning("policy %s unreadable, keeping previous policy: %s", self._path, e)
+                    self._seen = None
+                return
+            if signature == self._seen:
+                return
+            # Remember the rejected version too, so a bad file is logged once, not every second.
+            self._seen = signature
+            try:
+                policy = load_policy(self._path)
+            except (OSError, ValueError) as e:
+                log.error("policy %s rejected, keeping previous policy: %s", self._path, e)
+                return
+            self._policy = policy
+            log.info("policy %s reloaded (version %d, mode %s)", self._path, policy.version,
+                     policy.mode.value)
+        finally:
+            self._lock.release()
+
+
+def _signature(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size

@@ -1,0 +1,314 @@
+"""Per-request routing: which engine serves a request, and the outcome reports that feed back.
+
+Mode precedence (first that is set wins):
+    1. `x-speculative-decoding` request parameter (header / body field): off | shadow | prod
+    2. `use_speculative_decoding` BOOL input: true -> prod, false -> off
+    3. the tenant's `mode` (tenant keyed by `x-api-key`)
+    4. the org `mode`
+
+Then the rules, in this order; the first that applies names the reason:
+
+    mode off                                   -> baseline     mode_off
+    temperature > threshold                    -> baseline     temperature
+    prod from policy, hash(request id) > canary-> baseline     canary_out
+    in flight >= load.max_in_flight            -> baseline     load
+    breaker open (or half-open, not a probe)   -> baseline     circuit_open
+    shadow, a mirror slot is free              -> baseline     shadow       (shadow=True: mirror it)
+    shadow, all mirror slots busy              -> baseline     shadow_busy  (dropped, not queued)
+    prod, breaker half-open, chosen as a probe -> speculative  half_open_probe
+    prod, canary_percent < 100 and inside it   -> speculative  canary_in
+    prod                                       -> speculative  prod
+
+The canary applies only when `prod` comes from policy (tenant or org): a request that asks for
+`prod` itself has opted in. A malformed `x-speculative-decoding` raises `PolicyError` (policy
+`malformed_header: reject`, the default) or is ignored (`ignore`). An unknown or missing
+`x-api-key` gets the org settings and shares the org breaker, label `org` (`unknown_tenant:
+org_default`, the default) or raises `PolicyError` (`reject`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.metrics import GateMetrics
+from specgate.gate.policy import (
+    ALGORITHMS,
+    Mode,
+    Policy,
+    PolicyError,
+    PolicyStore,
+    TenantPolicy,
+    key_digest,
+    tenant_label,
+)
+
+log = logging.getLogger(__name__)
+
+Route = Literal["speculative", "baseline"]
+SPECULATIVE: Route = "speculative"
+BASELINE: Route = "baseline"
+
+# Reason codes: stable, they are metric label values and the `gate_reason` output.
+MODE_OFF = "mode_off"
+TEMPERATURE = "temperature"
+CANARY_OUT = "canary_out"
+LOAD = "load"
+CIRCUIT_OPEN = "circuit_open"
+SHADOW = "shadow"
+SHADOW_BUSY = "shadow_busy"
+HALF_OPEN_PROBE = "half_open_probe"
+CANARY_IN = "canary_in"
+PROD = "prod"
+REASONS: tuple[str, ...] = (
+    MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
+    HALF_OPEN_PROBE, CANARY_IN, PROD,
+)
+
+ORG_TENANT = "org"  # label (and breaker key) shared by unknown / missing API keys
+
+HEADER_SPEC_MODE = "x-speculative-decoding"
+_MODES = {m.value: m for m in Mode}
+_CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInputs:
+    """What the adapter extracts from a request. Strings are already decoded; absent is None.
+
+    `temperature` should be the effective one (None passes the temperature gate).
+    """
+
+    request_id: str = ""
+    api_key: str | None = None
+    spec_mode: str | None = None  # the x-speculative-decoding parameter, raw
+    use_speculative_decoding: bool | None = None
+    temperature: float | None = None
+    speculative_algorithm: str | None = None
+    num_speculative_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: Route
+    reason: str
+    shadow: bool  # serve baseline AND mirror to the speculative engine; call end_shadow() after
+    algorithm: str
+    num_speculative_tokens: int
+    mode: Mode
+    tenant: str  # metric label: 8 hex of sha256(api key), or "org"
+    probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
+    tenant_key: str = ORG_TENANT  # breaker key: full sha256 hex of the API key, or "org"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecStats:
+    """One finished speculative request (or shadow mirror), from the engine's outputs.
+
+    `num_drafts` (verification steps) is a CPU-engine extension; when None it is estimated as
+    ceil(num_draft_tokens / num_speculative_tokens), exact for fixed-length chains.
+    """
+
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_drafts: int | None = None
+    accepted_per_position: Sequence[int] = ()
+
+
+class Gate:
+    """The gate's decision logic and its feedback loop; one instance per model instance.
+
+    Per request, the adapter calls `decide()` once and `finish()` exactly once afterwards (it counts
+    requests in flight for the load gate). In between: `record_speculative()` when a speculative
+    engine (served or mirrored) finished with stats, `record_failure()` when an engine call failed,
+    and, for `decision.shadow`, `end_shadow()` exactly once (frees the mirror slot).
+    """
+
+    def __init__(
+        self,
+        policy_path: str | None = None,
+        *,
+        metric_factory: Any | None = None,
+        now: Callable[[], float] = time.monotonic,
+        reload_interval_s: float = 1.0,
+    ) -> None:
+        self._store = PolicyStore(policy_path, check_interval_s=reload_interval_s, now=now)
+        self._metrics = GateMetrics(metric_factory)
+        self._breakers = CircuitBreakers(now, on_transition=self._on_transition)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._mirrors = 0
+        self._anonymous_ids = itertools.count()
+        self._labels: dict[str, str] = {}  # breaker key (digest or ORG_TENANT) -> label
+
+    @property
+    def policy(self) -> Policy:
+        return self._store.current()
+
+    @property
+    def breakers(self) -> CircuitBreakers:
+        return self._breakers
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def decide(self, inputs: RequestInputs) -> Decision:
+        """Route one request. Raises PolicyError for a request the policy rejects (INVALID_ARG)."""
+        start = time.perf_counter()
+        policy = self._store.current()
+        tenant_key, tenant = self._tenant(inputs.api_key, policy)
+        mode, from_request = _resolve_mode(inputs, tenant, policy)
+        algorithm, k = _speculation(inputs, tenant, policy)
+        route, reason, shadow, probe = self._route(inputs, policy, tenant, tenant_key, mode, from_request)
+        with self._lock:
+            self._in_flight += 1
+            in_flight = self._in_flight
+        decision = Decision(route, reason, shadow, algorithm, k, mode, self._label(tenant_key), probe, tenant_key)
+        self._metrics.decision(route, reason, time.perf_counter() - start)
+        self._metrics.in_flight(in_flight)
+        return decision
+
+    def finish(self, decision: Decision) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            in_flight = self._in_flight
+        self._metrics.in_flight(in_flight)
+
+    def record_speculative(self, decision: Decision, stats: SpecStats) -> None:
+        """Stats of a finished speculative request or shadow mirror: metrics and the tenant's EMA."""
+        drafts = stats.num_drafts
+        if drafts is None:
+            drafts = -(-stats.num_draft_tokens // decision.num_speculative_tokens)
+        self._metrics.speculative_stats(
+            drafts, stats.num_draft_tokens, stats.num_accepted_tokens, stats.accepted_per_position
+        )
+        ema = self._breakers.record_acceptance(
+            decision.tenant_key, stats.num_accepted_tokens, stats.num_draft_tokens,
+            self._store.current().breaker,
+        )
+        if ema is not None:
+            self._metrics.acceptance_rate(decision.tenant, ema)
+
+    def record_failure(self, decision: Decision, engine: Route) -> None:
+        """An engine call failed. Speculative-engine failures count towards the tenant's breaker."""
+        self._metrics.engine_failure(engine)
+        if engine == SPECULATIVE:
+            self._breakers.record_failure(decision.tenant_key, self._store.current().breaker)
+
+    def end_shadow(self, decision: Decision, mismatch: bool | None) -> None:
+        """A shadow mirror ended: `mismatch` from comparing outputs, None if it did not complete."""
+        with self._lock:
+            self._mirrors -= 1
+        if mismatch is not None:
+            self._metrics.shadow_compared(mismatch)
+
+    def _route(
+        self,
+        inputs: RequestInputs,
+        policy: Policy,
+        tenant: TenantPolicy | None,
+        tenant_key: str,
+        mode: Mode,
+        from_request: bool,
+    ) -> tuple[Route, str, bool, bool]:
+        if mode is Mode.OFF:
+            return BASELINE, MODE_OFF, False, False
+        threshold = _override(tenant, "temperature_threshold", policy.temperature_threshold)
+        if inputs.temperature is not None and inputs.temperature > threshold:
+            return BASELINE, TEMPERATURE, False, False
+        canary = 100.0 if from_request else _override(tenant, "canary_percent", policy.canary_percent)
+        if mode is Mode.PROD and canary < 100.0 and not self._in_canary(inputs.request_id, canary):
+            return BASELINE, CANARY_OUT, False, False
+        limit = policy.load.max_in_flight
+        if limit is not None and self._in_flight >= limit:
+            return BASELINE, LOAD, False, False
+        admission = self._breakers.admit(tenant_key, policy.breaker)
+        if admission is Admission.DENY:
+            return BASELINE, CIRCUIT_OPEN, False, False
+        probe = admission is Admission.PROBE
+        if mode is Mode.SHADOW:
+            with self._lock:
+                free = self._mirrors < policy.shadow.max_concurrent_mirrors
+                if free:
+                    self._mirrors += 1
+            return (BASELINE, SHADOW, True, probe) if free else (BASELINE, SHADOW_BUSY, False, False)
+        if probe:
+            return SPECULATIVE, HALF_OPEN_PROBE, False, True
+        return SPECULATIVE, (PROD if canary >= 100.0 else CANARY_IN), False, False
+
+    def _in_canary(self, request_id: str, percent: float) -> bool:
+        # Deterministic: the same request id always lands on the same side. Requests without an
+        # id get a per-process sequence number, which keeps the percentage.
+        rid = request_id or f"#{next(self._anonymous_ids)}"
+        bucket = int.from_bytes(hashlib.sha256(rid.encode()).digest()[:8], "big") % 10_000
+        return bucket < percent * 100.0
+
+    def _tenant(self, api_key: str | None, policy: Policy) -> tuple[str, TenantPolicy | None]:
+        if api_key:
+            digest = key_digest(api_key)
+            tenant = policy.tenants.get(digest)
+            if tenant is not None:
+                return digest, tenant
+        if policy.unknown_tenant == "reject":
+            raise PolicyError("x-api-key is missing or not a known tenant key")
+        return ORG_TENANT, None
+
+    def _label(self, tenant_key: str) -> str:
+        label = self._labels.get(tenant_key)
+        if label is None:
+            label = tenant_key if tenant_key == ORG_TENANT else tenant_label(tenant_key)
+            self._labels[tenant_key] = label
+        return label
+
+    def _on_transition(self, tenant_key: str, old: BreakerState, new: BreakerState) -> None:
+        label = self._label(tenant_key)
+        log.info("breaker %s: %s -> %s", label, old.value, new.value)
+        self._metrics.circuit_state(label, _CIRCUIT_GAUGE[new])
+
+
+def _resolve_mode(inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy) -> tuple[Mode, bool]:
+    """The effective mode, and whether the request itself chose it."""
+    if inputs.spec_mode is not None:
+        mode = _MODES.get(inputs.spec_mode.strip().lower())
+        if mode is not None:
+            return mode, True
+        if policy.malformed_header == "reject":
+            raise PolicyError(
+                f"{HEADER_SPEC_MODE}: invalid value {inputs.spec_mode[:32]!r}; "
+                f"allowed: {', '.join(_MODES)}"
+            )
+    if inputs.use_speculative_decoding is not None:
+        return (Mode.PROD if inputs.use_speculative_decoding else Mode.OFF), True
+    if tenant is not None and tenant.mode is not None:
+        return tenant.mode, False
+    return policy.mode, False
+
+
+def _speculation(inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy) -> tuple[str, int]:
+    algorithm = inputs.speculative_algorithm or _override(tenant, "algorithm", policy.speculative.algorithm)
+    if algorithm not in ALGORITHMS:
+        raise PolicyError(
+            f"speculative_algorithm: invalid value {algorithm[:32]!r}; allowed: {', '.join(ALGORITHMS)}"
+        )
+    k = inputs.num_speculative_tokens
+    if k is None:
+        k = _override(tenant, "num_speculative_tokens", policy.speculative.num_speculative_tokens)
+    limit = policy.speculative.max_num_speculative_tokens
+    if not 1 <= k <= limit:
+        raise PolicyError(f"num_speculative_tokens: {k} is outside 1..{limit}")
+    return algorithm, k
+
+
+def _override(tenant: TenantPolicy | None, field: str, default: Any) -> Any:
+    if tenant is None:
+        return default
+    value = getattr(tenant, field)
+    return default if value is None else value
