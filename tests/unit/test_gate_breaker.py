@@ -1,0 +1,122 @@
+"""Circuit breaker: EMA maths and closed -> open -> half_open -> closed/open with injected time."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.policy import BreakerPolicy
+
+CFG = BreakerPolicy(
+    ema_weight=0.5, open_threshold=0.55, close_threshold=0.6, min_samples=3, cooldown_s=10.0,
+    probe_fraction=0.25, probe_samples=2, failure_threshold=3,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def transitions() -> list[tuple[str, str, str]]:
+    return []
+
+
+@pytest.fixture
+def br(clock: Clock, transitions: list[tuple[str, str, str]]) -> CircuitBreakers:
+    return CircuitBreakers(clock, on_transition=lambda t, a, b: transitions.append((t, a.value, b.value)))
+
+
+def _open(br: CircuitBreakers, tenant: str = "a") -> None:
+    for _ in range(CFG.min_samples):
+        br.record_acceptance(tenant, 0, 10, CFG)
+    assert br.snapshot(tenant).state is BreakerState.OPEN
+
+
+def test_ema_maths(br: CircuitBreakers) -> None:
+    assert br.record_acceptance("a", 8, 10, CFG) == pytest.approx(0.8)  # first sample seeds
+    assert br.record_acceptance("a", 2, 10, CFG) == pytest.approx(0.5 * 0.8 + 0.5 * 0.2)
+    assert br.record_acceptance("a", 1, 1, CFG) == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
+    # per-request weighting: a 1-token draft moves the EMA as much as a 10-token one
+    assert br.record_acceptance("a", 0, 0, CFG) == pytest.approx(0.75)  # nothing drafted: no sample
+    assert br.snapshot("a").samples == 3
+
+
+def test_does_not_open_before_min_samples(br: CircuitBreakers) -> None:
+    br.record_acceptance("a", 0, 10, CFG)
+    br.record_acceptance("a", 0, 10, CFG)
+    assert br.snapshot("a").state is BreakerState.CLOSED
+    assert br.admit("a", CFG) is Admission.ALLOW
+    br.record_acceptance("a", 0, 10, CFG)
+    assert br.snapshot("a").state is BreakerState.OPEN
+
+
+def test_stays_closed_at_threshold(br: CircuitBreakers) -> None:
+    for _ in range(10):
+        br.record_acceptance("a", 55, 100, CFG)  # EMA == 0.55 is not below 0.55
+    assert br.snapshot("a").state is BreakerState.CLOSED
+
+
+def test_open_half_open_close(br: CircuitBreakers, clock: Clock, transitions: list) -> None:
+    _open(br)
+    assert br.admit("a", CFG) is Admission.DENY
+    clock.t = 9.99
+    assert br.admit("a", CFG) is Admission.DENY  # still cooling down
+    clock.t = 10.0
+    # half-open: probe_fraction 0.25 -> 1 probe in every 4 requests, the first one probes
+    admitted = [br.admit("a", CFG) for _ in range(8)]
+    assert admitted == [Admission.PROBE] + [Admission.DENY] * 3 + [Admission.PROBE] + [Admission.DENY] * 3
+    assert br.snapshot("a").state is BreakerState.HALF_OPEN and br.snapshot("a").ema is None
+    br.record_acceptance("a", 9, 10, CFG)
+    assert br.snapshot("a").state is BreakerState.HALF_OPEN  # needs probe_samples=2 results
+    br.record_acceptance("a", 7, 10, CFG)  # EMA 0.8 >= 0.6
+    assert br.snapshot("a").state is BreakerState.CLOSED
+    assert br.admit("a", CFG) is Admission.ALLOW
+    assert transitions == [("a", "closed", "open"), ("a", "open", "half_open"), ("a", "half_open", "closed")]
+
+
+def test_half_open_reopens_when_probes_stay_low(br: CircuitBreakers, clock: Clock) -> None:
+    _open(br)
+    clock.t = 10.0
+    assert br.admit("a", CFG) is Admission.PROBE
+    br.record_acceptance("a", 6, 10, CFG)
+    br.record_acceptance("a", 5, 10, CFG)  # EMA 0.55 < close 0.6
+    assert br.snapshot("a").state is BreakerState.OPEN
+    clock.t = 19.0
+    assert br.admit("a", CFG) is Admission.DENY  # a fresh cooldown from t=10
+    clock.t = 20.0
+    assert br.admit("a", CFG) is Admission.PROBE
+
+
+def test_failures_open_and_reset(br: CircuitBreakers, clock: Clock) -> None:
+    br.record_failure("a", CFG)
+    br.record_failure("a", CFG)
+    br.record_acceptance("a", 9, 10, CFG)  # a success resets the consecutive count
+    br.record_failure("a", CFG)
+    br.record_failure("a", CFG)
+    assert br.snapshot("a").state is BreakerState.CLOSED
+    br.record_failure("a", CFG)
+    assert br.snapshot("a").state is BreakerState.OPEN
+    clock.t = 10.0
+    assert br.admit("a", CFG) is Admission.PROBE
+    br.record_failure("a", CFG)  # one failed probe re-opens
+    assert br.snapshot("a").state is BreakerState.OPEN
+
+
+def test_tenants_are_isolated(br: CircuitBreakers) -> None:
+    _open(br, "a")
+    for _ in range(5):
+        br.record_acceptance("b", 9, 10, CFG)
+    assert br.admit("a", CFG) is Admission.DENY
+    assert br.admit("b", CFG) is Admission.ALLOW
+    assert br.admit("never-seen", CFG) is Admission.ALLOW
+    assert br.snapshot("b").ema == pytest.approx(0.9)

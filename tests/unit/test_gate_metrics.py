@@ -1,0 +1,144 @@
+"""Metrics through a fake pb_utils factory: families, labels, exact counts, per-label-set caching."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics
+from specgate.gate.router import Gate, RequestInputs, SpecStats
+
+
+class FakeMetric:
+    def __init__(self, kind: str, labels: dict[str, str], buckets: list[float] | None) -> None:
+        self.kind, self.labels, self.buckets = kind, labels, buckets
+        self.value = 0.0
+        self.observations: list[float] = []
+
+    def increment(self, v: float) -> None:
+        assert self.kind == "counter" and v >= 0
+        self.value += v
+
+    def set(self, v: float) -> None:
+        assert self.kind == "gauge"
+        self.value = v
+
+    def observe(self, v: float) -> None:
+        assert self.kind == "histogram"
+        self.observations.append(v)
+
+
+class FakeFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    registry: dict[str, FakeFamily] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        assert name not in self.registry, f"family {name} registered twice"
+        self.name, self.kind, self.metrics = name, kind, []
+        self.registry[name] = self
+
+    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> FakeMetric:  # noqa: N802
+        assert isinstance(labels, dict)
+        assert (buckets is not None) == (self.kind == "histogram"), "buckets only (and always) for histograms"
+        m = FakeMetric(self.kind, labels, buckets)
+        self.metrics.append(m)
+        return m
+
+    def value(self, **labels: str) -> float:
+        found = [m for m in self.metrics if m.labels == labels]
+        assert len(found) <= 1, "a label set must map to one cached Metric"
+        return found[0].value if found else 0.0
+
+
+@pytest.fixture
+def fams() -> dict[str, FakeFamily]:
+    FakeFamily.registry = {}
+    return FakeFamily.registry
+
+
+def fake_pb_utils() -> SimpleNamespace:
+    return SimpleNamespace(MetricFamily=FakeFamily)
+
+
+def test_families_and_kinds(fams: dict[str, FakeFamily]) -> None:
+    GateMetrics(fake_pb_utils())
+    kinds = {n: f.kind for n, f in fams.items()}
+    assert kinds == {
+        "spec_decode_num_drafts_total": "counter",
+        "spec_decode_num_draft_tokens_total": "counter",
+        "spec_decode_num_accepted_tokens_total": "counter",
+        "spec_decode_num_accepted_tokens_per_pos_total": "counter",
+        "spec_decode_acceptance_rate": "gauge",
+        "spec_gate_decisions_total": "counter",
+        "spec_gate_circuit_open": "gauge",
+        "spec_gate_shadow_mismatch_total": "counter",
+        "spec_gate_shadow_comparisons_total": "counter",
+        "spec_gate_decision_latency_seconds": "histogram",
+        "spec_gate_engine_failures_total": "counter",
+        "spec_gate_in_flight": "gauge",
+    }
+
+
+def test_speculative_stats_exact_counts(fams: dict[str, FakeFamily]) -> None:
+    m = GateMetrics(fake_pb_utils())
+    m.speculative_stats(5, 20, 12, [5, 4, 2, 1])
+    m.speculative_stats(3, 12, 3, [2, 1, 0, 0])
+    assert fams["spec_decode_num_drafts_total"].value() == 8
+    assert fams["spec_decode_num_draft_tokens_total"].value() == 32
+    assert fams["spec_decode_num_accepted_tokens_total"].value() == 15
+    per_pos = fams["spec_decode_num_accepted_tokens_per_pos_total"]
+    assert [per_pos.value(position=str(i)) for i in range(4)] == [7, 5, 2, 1]
+    assert len(per_pos.metrics) == 4  # cached per label set, not one Metric per call
+
+
+def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, fams: dict[str, FakeFamily]) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\n")
+    gate = Gate(str(path), metric_factory=fake_pb_utils())
+    label = hashlib.sha256(b"secret-key").hexdigest()[:8]
+
+    decisions = [gate.decide(RequestInputs(api_key="secret-key", temperature=t)) for t in (0.1, 0.2, 0.9)]
+    for d in decisions:
+        gate.finish(d)
+    shadow = gate.decide(RequestInputs(spec_mode="shadow"))
+    gate.end_shadow(shadow, mismatch=True)
+    gate.finish(shadow)
+
+    dec = fams["spec_gate_decisions_total"]
+    assert dec.value(route="speculative", reason="prod") == 2
+    assert dec.value(route="baseline", reason="temperature") == 1
+    assert dec.value(route="baseline", reason="shadow") == 1
+    (latency,) = fams["spec_gate_decision_latency_seconds"].metrics
+    assert latency.buckets == DECISION_LATENCY_BUCKETS and len(latency.observations) == 4
+    assert all(0 < s < 0.1 for s in latency.observations)
+    assert fams["spec_gate_shadow_mismatch_total"].value() == 1
+    assert fams["spec_gate_shadow_comparisons_total"].value() == 1
+    assert fams["spec_gate_in_flight"].value() == 0
+
+    gate.record_speculative(decisions[0], SpecStats(num_draft_tokens=8, num_accepted_tokens=6,
+                                                    num_drafts=2, accepted_per_position=[2, 2, 1, 1]))
+    gate.record_speculative(decisions[1], SpecStats(num_draft_tokens=9, num_accepted_tokens=2))
+    assert fams["spec_decode_num_drafts_total"].value() == 2 + 3  # 9 tokens / k=4 -> 3 drafts
+    assert fams["spec_decode_num_draft_tokens_total"].value() == 17
+    assert fams["spec_decode_acceptance_rate"].value(tenant=label) == pytest.approx(0.9 * 0.75 + 0.1 * 2 / 9)
+
+    gate.record_failure(decisions[0], "speculative")
+    gate.record_failure(decisions[0], "speculative")
+    gate.record_failure(decisions[0], "baseline")
+    assert fams["spec_gate_engine_failures_total"].value(engine="speculative") == 2
+    assert fams["spec_gate_engine_failures_total"].value(engine="baseline") == 1
+    assert fams["spec_gate_circuit_open"].value(tenant=label) == 1.0
+
+    all_labels = [m.labels for f in fams.values() for m in f.metrics]
+    assert not any("secret-key" in v for labels in all_labels for v in labels.values())
+
+
+def test_no_factory_exports_nothing_and_works() -> None:
+    gate = Gate(None)
+    d = gate.decide(RequestInputs(use_speculative_decoding=True))
+    gate.record_speculative(d, SpecStats(num_draft_tokens=4, num_accepted_tokens=4))
+    gate.finish(d)
+    assert d.route == "speculative"

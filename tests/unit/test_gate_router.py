@@ -1,0 +1,201 @@
+"""Gate.decide(): precedence, rules and their order, reason codes, accounting."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from specgate.gate.breaker import BreakerState
+from specgate.gate.policy import Mode, PolicyError
+from specgate.gate.router import REASONS, Gate, RequestInputs, SpecStats
+
+KEY_A, KEY_B = "key-a", "key-b"
+DIGEST_B = hashlib.sha256(KEY_B.encode()).hexdigest()
+
+POLICY = f"""
+mode: prod
+breaker: {{min_samples: 2, ema_weight: 0.5, cooldown_s: 5, probe_fraction: 0.5, probe_samples: 1}}
+load: {{max_in_flight: 3}}
+shadow: {{max_concurrent_mirrors: 1}}
+tenants:
+  {KEY_A}: {{mode: off, algorithm: ngram, num_speculative_tokens: 6}}
+  "sha256:{DIGEST_B}": {{mode: shadow, temperature_threshold: 1.2}}
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None) -> Gate:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return Gate(str(path), now=clock or Clock())
+
+
+def decide(gate: Gate, **kw: object) -> tuple[str, str, bool]:
+    d = gate.decide(RequestInputs(**kw))  # type: ignore[arg-type]
+    if d.shadow:
+        gate.end_shadow(d, mismatch=None)
+    gate.finish(d)
+    return d.route, d.reason, d.shadow
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Gate:
+    return make_gate(tmp_path)
+
+
+def test_precedence_header_over_bool_over_tenant_over_org(gate: Gate) -> None:
+    assert decide(gate) == ("speculative", "prod", False)  # org: prod
+    assert decide(gate, api_key=KEY_A) == ("baseline", "mode_off", False)  # tenant: off
+    assert decide(gate, api_key=KEY_A, use_speculative_decoding=True)[1] == "prod"
+    assert decide(gate, api_key=KEY_A, spec_mode="prod", use_speculative_decoding=False)[1] == "prod"
+    assert decide(gate, spec_mode="off", use_speculative_decoding=True)[1] == "mode_off"
+    assert decide(gate, spec_mode=" SHADOW ")[1] == "shadow"
+    assert decide(gate, api_key=KEY_B)[1] == "shadow"  # tenant keyed by sha256 in the file
+
+
+def test_malformed_header_is_an_error_naming_header_and_values(gate: Gate) -> None:
+    with pytest.raises(PolicyError, match=r"x-speculative-decoding.*'maybe'.*off, shadow, prod"):
+        gate.decide(RequestInputs(spec_mode="maybe"))
+    assert gate.in_flight == 0  # a rejected request is not counted
+
+
+def test_malformed_header_ignored_when_policy_says_so(tmp_path: Path) -> None:
+    g = make_gate(tmp_path, "mode: off\nmalformed_header: ignore\n")
+    assert decide(g, spec_mode="maybe")[1] == "mode_off"
+    assert decide(g, spec_mode="maybe", use_speculative_decoding=True)[1] == "prod"
+
+
+def test_unknown_tenant_gets_org_default_or_is_rejected(gate: Gate, tmp_path: Path) -> None:
+    d = gate.decide(RequestInputs(api_key="who-is-this"))
+    assert (d.route, d.tenant, d.mode) == ("speculative", "org", Mode.PROD)
+    strict = make_gate(tmp_path, f"mode: prod\nunknown_tenant: reject\ntenants: {{{KEY_A}: {{}}}}\n")
+    with pytest.raises(PolicyError, match="x-api-key"):
+        strict.decide(RequestInputs(api_key="who-is-this"))
+    assert decide(strict, api_key=KEY_A)[0] == "speculative"
+
+
+def test_tenant_label_is_hashed(gate: Gate) -> None:
+    d = gate.decide(RequestInputs(api_key=KEY_B))
+    assert d.tenant == DIGEST_B[:8] and KEY_B not in repr(d)
+
+
+def test_algorithm_and_k_resolution(gate: Gate) -> None:
+    d = gate.decide(RequestInputs(use_speculative_decoding=True, api_key=KEY_A))
+    assert (d.algorithm, d.num_speculative_tokens) == ("ngram", 6)  # tenant overrides
+    d = gate.decide(RequestInputs(api_key=KEY_A, speculative_algorithm="eagle2", num_speculative_tokens=2))
+    assert (d.algorithm, d.num_speculative_tokens) == ("eagle2", 2)  # request wins
+    d = gate.decide(RequestInputs())
+    assert (d.algorithm, d.num_speculative_tokens) == ("eagle", 4)  # policy defaults
+    with pytest.raises(PolicyError, match="speculative_algorithm"):
+        gate.decide(RequestInputs(speculative_algorithm="medusa"))
+    with pytest.raises(PolicyError, match="num_speculative_tokens"):
+        gate.decide(RequestInputs(num_speculative_tokens=9))
+
+
+def test_temperature_gate(gate: Gate) -> None:
+    assert decide(gate, temperature=0.70)[1] == "prod"  # not above the threshold
+    assert decide(gate, temperature=0.71) == ("baseline", "temperature", False)
+    assert decide(gate, temperature=None)[1] == "prod"
+    assert decide(gate, api_key=KEY_B, temperature=1.0)[1] == "shadow"  # tenant threshold 1.2
+    assert decide(gate, api_key=KEY_A, temperature=2.0)[1] == "mode_off"  # mode_off comes first
+
+
+def test_canary_is_deterministic_and_close_to_its_percentage(tmp_path: Path) -> None:
+    g = make_gate(tmp_path, "mode: prod\ncanary_percent: 30\nload: {max_in_flight: null}\n")
+    first = [decide(g, request_id=f"req-{i}")[1] for i in range(4000)]
+    again = [decide(g, request_id=f"req-{i}")[1] for i in range(4000)]
+    assert first == again and set(first) == {"canary_in", "canary_out"}
+    assert abs(first.count("canary_in") / 4000 - 0.30) < 0.03
+    # anonymous requests still split; an explicit request for prod skips the canary
+    anon = [decide(g)[1] for _ in range(1000)]
+    assert 0.2 < anon.count("canary_in") / 1000 < 0.4
+    assert {decide(g, request_id=f"req-{i}", spec_mode="prod")[1] for i in range(200)} == {"prod"}
+
+
+def test_canary_bounds(tmp_path: Path) -> None:
+    zero = make_gate(tmp_path, "mode: prod\ncanary_percent: 0\n")
+    assert {decide(zero, request_id=str(i))[1] for i in range(200)} == {"canary_out"}
+
+
+def test_load_gate_counts_in_flight(gate: Gate) -> None:
+    held = [gate.decide(RequestInputs()) for _ in range(3)]
+    assert [d.reason for d in held] == ["prod"] * 3
+    assert gate.in_flight == 3
+    d = gate.decide(RequestInputs())
+    assert (d.route, d.reason) == ("baseline", "load")
+    for x in [*held, d]:
+        gate.finish(x)
+    assert gate.in_flight == 0 and decide(gate)[1] == "prod"
+
+
+def test_shadow_mirrors_are_bounded_and_dropped_when_busy(gate: Gate) -> None:
+    first = gate.decide(RequestInputs(spec_mode="shadow"))
+    assert (first.route, first.reason, first.shadow) == ("baseline", "shadow", True)
+    busy = gate.decide(RequestInputs(spec_mode="shadow"))
+    assert (busy.route, busy.reason, busy.shadow) == ("baseline", "shadow_busy", False)
+    gate.end_shadow(first, mismatch=False)
+    for d in (first, busy):
+        gate.finish(d)
+    assert decide(gate, spec_mode="shadow") == ("baseline", "shadow", True)
+
+
+def test_breaker_routes_and_probes(tmp_path: Path) -> None:
+    clock = Clock()
+    g = make_gate(tmp_path, clock=clock)
+    for _ in range(2):
+        d = g.decide(RequestInputs(api_key="stranger"))
+        g.record_speculative(d, SpecStats(num_draft_tokens=10, num_accepted_tokens=1))
+        g.finish(d)
+    assert g.breakers.snapshot("org").state is BreakerState.OPEN
+    assert decide(g) == ("baseline", "circuit_open", False)
+    assert decide(g, use_speculative_decoding=True)[1] == "circuit_open"  # opting in does not bypass it
+    clock.t = 5.0
+    probe = g.decide(RequestInputs())
+    assert (probe.route, probe.reason, probe.probe) == ("speculative", "half_open_probe", True)
+    assert decide(g)[1] == "circuit_open"  # probe_fraction 0.5: every other request
+    g.record_speculative(probe, SpecStats(num_draft_tokens=10, num_accepted_tokens=9))
+    g.finish(probe)
+    assert g.breakers.snapshot("org").state is BreakerState.CLOSED
+    assert decide(g)[1] == "prod"
+
+
+def test_engine_failures_open_the_tenant_breaker_only(gate: Gate) -> None:
+    tenant = gate.decide(RequestInputs(api_key=KEY_A, spec_mode="prod"))
+    for _ in range(3):
+        gate.record_failure(tenant, "speculative")
+    gate.finish(tenant)
+    assert decide(gate, api_key=KEY_A, spec_mode="prod")[1] == "circuit_open"
+    assert decide(gate)[1] == "prod"  # the org bucket is untouched
+    org = gate.decide(RequestInputs())
+    for _ in range(5):
+        gate.record_failure(org, "baseline")  # baseline failures do not count against speculation
+    gate.finish(org)
+    assert decide(gate)[1] == "prod"
+
+
+def test_reload_changes_decisions_without_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    g = make_gate(tmp_path, "mode: prod\n", clock)
+    assert decide(g)[1] == "prod"
+    path = tmp_path / "policy.yaml"
+    path.write_text("mode: off\n")
+    os.utime(path, (10, 10))
+    clock.t = 2.0
+    assert decide(g)[1] == "mode_off"
+
+
+def test_reason_codes_are_the_documented_set() -> None:
+    assert REASONS == (
+        "mode_off", "temperature", "canary_out", "load", "circuit_open", "shadow", "shadow_busy",
+        "half_open_probe", "canary_in", "prod",
+    )
