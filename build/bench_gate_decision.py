@@ -1,0 +1,111 @@
+"""Micro-benchmark: latency of one `Gate.decide()` in-process (target p99 < 100 us).
+
+    .venv/bin/python build/bench_gate_decision.py [--n 100000] [--policy policy/default.yaml]
+
+A mixed workload (tenants, unknown keys, temperatures, canary and shadow requests, the policy-file
+mtime check) with metrics going to an in-memory factory shaped like pb_utils, so the cost of
+recording the decision is included. Not a test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from specgate.gate import Gate, RequestInputs
+
+REPO = Path(__file__).resolve().parents[1]
+TENANTS = {f"tenant-key-{i}": ("prod", "shadow", "off")[i % 3] for i in range(20)}
+
+
+class _Metric:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def increment(self, v: float) -> None:
+        self.value += v
+
+    def set(self, v: float) -> None:
+        self.value = v
+
+    def observe(self, v: float) -> None:
+        self.value += v
+
+
+class _Family:
+    COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        pass
+
+    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _Metric:  # noqa: N802
+        return _Metric()
+
+
+def _policy_file(base: Path, directory: Path) -> Path:
+    tenants = "".join(f"  {k}: {{mode: {m}}}\n" for k, m in TENANTS.items())
+    text = base.read_text().replace("tenants: {}", "tenants:\n" + tenants)
+    path = directory / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+def _workload(n: int, seed: int) -> list[RequestInputs]:
+    rng = random.Random(seed)
+    keys = [*TENANTS, None, "unknown-key"]
+    return [
+        RequestInputs(
+            request_id=f"req-{i}",
+            api_key=rng.choice(keys),
+            spec_mode=rng.choice([None, None, None, "prod", "shadow", "off"]),
+            temperature=rng.choice([0.0, 0.2, 0.7, 1.0]),
+        )
+        for i in range(n)
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--policy", type=Path, default=REPO / "policy" / "default.yaml")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gate = Gate(str(_policy_file(args.policy, Path(tmp))),
+                    metric_factory=SimpleNamespace(MetricFamily=_Family))
+        requests = _workload(args.n, seed=0)
+        warmup = 2000  # fills the label and metric caches; not measured
+        samples: list[int] = []
+        reasons: dict[str, int] = {}
+        perf = time.perf_counter_ns
+        gc.disable()
+        try:
+            for i, r in enumerate(requests[:warmup] + requests):
+                t0 = perf()
+                d = gate.decide(r)
+                t1 = perf()
+                if i >= warmup:
+                    samples.append(t1 - t0)
+                    reasons[d.reason] = reasons.get(d.reason, 0) + 1
+                if d.shadow:
+                    gate.end_shadow(d, mismatch=False)
+                gate.finish(d)
+        finally:
+            gc.enable()
+
+    q = statistics.quantiles(samples, n=100)
+    print(f"decisions: {len(samples)}")
+    print(f"p50: {q[49] / 1e3:.1f} us   p99: {q[98] / 1e3:.1f} us   max: {max(samples) / 1e3:.1f} us")
+    print("reasons:", ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+
+
+if __name__ == "__main__":
+    main()
