@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -142,3 +143,14 @@ def test_no_factory_exports_nothing_and_works() -> None:
     gate.record_speculative(d, SpecStats(num_draft_tokens=4, num_accepted_tokens=4))
     gate.finish(d)
     assert d.route == "speculative"
+
+
+def test_dashboard_plots_every_gate_metric_and_triton_ones(fams: dict[str, FakeFamily]) -> None:
+    GateMetrics(fake_pb_utils())
+    dash = json.loads((Path(__file__).resolve().parents[2] / "dashboards" / "specgate.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    for name in fams:
+        assert name in exprs, f"{name} not on the dashboard"
+    for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_queue_duration_us"):
+        assert name in exprs
+    assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource"}
