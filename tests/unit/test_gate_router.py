@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from specgate.gate.breaker import BreakerState
 from specgate.gate.policy import Mode, PolicyError
-from specgate.gate.router import REASONS, Gate, RequestInputs, SpecStats
+from specgate.gate.router import REASONS, Decision, Gate, RequestInputs, SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
 DIGEST_B = hashlib.sha256(KEY_B.encode()).hexdigest()
@@ -199,3 +200,22 @@ def test_reason_codes_are_the_documented_set() -> None:
         "mode_off", "temperature", "canary_out", "load", "circuit_open", "shadow", "shadow_busy",
         "half_open_probe", "canary_in", "prod",
     )
+
+
+def test_load_gate_is_atomic_across_threads(gate: Gate) -> None:
+    barrier = threading.Barrier(12)
+    decisions: list[Decision] = []
+
+    def worker() -> None:
+        barrier.wait()
+        decisions.append(gate.decide(RequestInputs()))
+
+    threads = [threading.Thread(target=worker) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(d.reason for d in decisions) == ["load"] * 9 + ["prod"] * 3  # max_in_flight: 3
+    for d in decisions:
+        gate.finish(d)
+    assert gate.in_flight == 0

@@ -92,7 +92,9 @@ class CircuitBreakers:
                 return Admission.PROBE
             return Admission.DENY
 
-    def record_acceptance(self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy) -> float | None:
+    def record_acceptance(
+        self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy
+    ) -> float | None:
         """Feed one finished speculative request; returns the tenant's EMA."""
         with self._lock:
             t = self._tenants.setdefault(tenant, _Tenant())

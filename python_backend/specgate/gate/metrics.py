@@ -133,7 +133,9 @@ class _NullFamily:
 
     def __init__(self, name: str, description: str, kind: str) -> None: ...
 
-    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _NullMetric:  # noqa: N802
+    def Metric(  # noqa: N802 (pb_utils' name)
+        self, labels: dict[str, str], buckets: list[float] | None = None
+    ) -> _NullMetric:
         return _NullMetric()
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -133,7 +134,7 @@ class Gate:
 
     def __init__(
         self,
-        policy_path: str | None = None,
+        policy_path: str | os.PathLike[str] | None = None,
         *,
         metric_factory: Any | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -167,13 +168,16 @@ class Gate:
         tenant_key, tenant = self._tenant(inputs.api_key, policy)
         mode, from_request = _resolve_mode(inputs, tenant, policy)
         algorithm, k = _speculation(inputs, tenant, policy)
-        route, reason, shadow, probe = self._route(inputs, policy, tenant, tenant_key, mode, from_request)
-        with self._lock:
+        with self._lock:  # count this request and read the load before it, atomically
+            already = self._in_flight
             self._in_flight += 1
-            in_flight = self._in_flight
-        decision = Decision(route, reason, shadow, algorithm, k, mode, self._label(tenant_key), probe, tenant_key)
+        route, reason, shadow, probe = self._route(
+            inputs, policy, tenant, tenant_key, mode, from_request, already
+        )
+        label = self._label(tenant_key)
+        decision = Decision(route, reason, shadow, algorithm, k, mode, label, probe, tenant_key)
         self._metrics.decision(route, reason, time.perf_counter() - start)
-        self._metrics.in_flight(in_flight)
+        self._metrics.in_flight(already + 1)
         return decision
 
     def finish(self, decision: Decision) -> None:
@@ -218,6 +222,7 @@ class Gate:
         tenant_key: str,
         mode: Mode,
         from_request: bool,
+        in_flight: int,
     ) -> tuple[Route, str, bool, bool]:
         if mode is Mode.OFF:
             return BASELINE, MODE_OFF, False, False
@@ -228,7 +233,7 @@ class Gate:
         if mode is Mode.PROD and canary < 100.0 and not self._in_canary(inputs.request_id, canary):
             return BASELINE, CANARY_OUT, False, False
         limit = policy.load.max_in_flight
-        if limit is not None and self._in_flight >= limit:
+        if limit is not None and in_flight >= limit:
             return BASELINE, LOAD, False, False
         admission = self._breakers.admit(tenant_key, policy.breaker)
         if admission is Admission.DENY:
@@ -266,6 +271,8 @@ class Gate:
         if label is None:
             label = tenant_key if tenant_key == ORG_TENANT else tenant_label(tenant_key)
             self._labels[tenant_key] = label
+            # A tenant's breaker starts closed; export that so the series exists before it trips.
+            self._metrics.circuit_state(label, 0.0)
         return label
 
     def _on_transition(self, tenant_key: str, old: BreakerState, new: BreakerState) -> None:
@@ -274,7 +281,9 @@ class Gate:
         self._metrics.circuit_state(label, _CIRCUIT_GAUGE[new])
 
 
-def _resolve_mode(inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy) -> tuple[Mode, bool]:
+def _resolve_mode(
+    inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy
+) -> tuple[Mode, bool]:
     """The effective mode, and whether the request itself chose it."""
     if inputs.spec_mode is not None:
         mode = _MODES.get(inputs.spec_mode.strip().lower())
@@ -292,11 +301,15 @@ def _resolve_mode(inputs: RequestInputs, tenant: TenantPolicy | None, policy: Po
     return policy.mode, False
 
 
-def _speculation(inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy) -> tuple[str, int]:
-    algorithm = inputs.speculative_algorithm or _override(tenant, "algorithm", policy.speculative.algorithm)
+def _speculation(
+    inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy
+) -> tuple[str, int]:
+    default = _override(tenant, "algorithm", policy.speculative.algorithm)
+    algorithm = inputs.speculative_algorithm or default
     if algorithm not in ALGORITHMS:
         raise PolicyError(
-            f"speculative_algorithm: invalid value {algorithm[:32]!r}; allowed: {', '.join(ALGORITHMS)}"
+            f"speculative_algorithm: invalid value {algorithm[:32]!r}; "
+            f"allowed: {', '.join(ALGORITHMS)}"
         )
     k = inputs.num_speculative_tokens
     if k is None:
