@@ -1,0 +1,64 @@
+"""EAGLE-1 (chain): a one-layer head drafts from the target's own features, autoregressively.
+
+Head pairing: cache entry t holds (target feature at position t, token at position t+1); its output
+is the predicted feature at position t+1, whose draft logits predict the token after it. After each
+verification the head's draft entries are dropped and the real target features of the newly
+committed positions are fed instead, so `accept` has nothing to roll back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specgate.engine.model import Llama
+from specgate.engine.sampling import SamplingParams, warp
+from specgate.speculative.drafter import Drafter, DraftTree
+
+
+class EagleBase(Drafter):
+    """Feeds committed (feature, next token) pairs to the head; shared by the chain and the tree."""
+
+    def __init__(self, head: torch.nn.Module, target: Llama, max_len: int) -> None:
+        self.head = head
+        self.vocab_size = target.cfg.vocab_size
+        self.cache = head.new_cache(max_len, next(head.parameters()).dtype)
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
+        super().begin(prompt_ids, params, gen)
+        self.cached = 0  # committed pairs in the head's cache
+
+    def _consume(self, tokens: list[int], features: Tensor) -> Tensor:
+        """Append the new committed pairs; return the predicted feature at the root's position [1, 1, D]."""
+        n = features.shape[0]
+        ids = torch.tensor([tokens[len(tokens) - n :]])
+        out = self.head(features.unsqueeze(0), ids, self.cache, self.cached)
+        self.cached += n
+        return out[:, -1:]
+
+    def _to_target(self, draft_probs: Tensor) -> Tensor:
+        """A distribution over the draft vocabulary, placed on the target vocabulary."""
+        q = draft_probs.new_zeros(self.vocab_size)
+        return q.index_copy_(0, self.head.d2t, draft_probs)
+
+
+class EagleDrafter(EagleBase):
+    name = "eagle"
+    default_k = 5
+    max_k = 10
+
+    def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
+        feat = self._consume(tokens, features)
+        drafted: list[int] = []
+        qs: list[Tensor] = []
+        for i in range(k):
+            logits = self.head.draft_logits(feat[0, -1])
+            if self.params.greedy:
+                tok = int(self.head.d2t[logits.argmax()])
+            else:
+                qs.append(self._to_target(warp(logits, self.params)))
+                tok = int(torch.multinomial(qs[-1], 1, generator=self.gen))
+            drafted.append(tok)
+            if i + 1 < k:  # the head's entry for draft i sits right after the committed pairs
+                feat = self.head(feat, torch.tensor([[tok]]), self.cache, self.cached + i)
+        return DraftTree.chain(drafted, torch.stack(qs) if qs else None)
