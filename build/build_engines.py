@@ -1,0 +1,71 @@
+"""`make build-engines`: prepare engines and render the model repository.
+
+ENGINE=cpu (default): fetch + convert the model, derive the draft model, write the CPU engine configs,
+render the repository for the Python-backend engines. Idempotent; prints what it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from build import fetch_model
+from build.render_repository import engine_tensor_values, render
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_cpu(args: argparse.Namespace) -> None:
+    art = args.artifacts.resolve()
+    gguf = fetch_model.fetch_gguf(art / "downloads")
+    ckpt = art / "checkpoints" / "smollm2-135m-instruct"
+    fetch_model.convert(gguf, ckpt)
+    eng_dir = art / "engines" / "cpu"
+    eng_dir.mkdir(parents=True, exist_ok=True)
+    common = {
+        "checkpoint_dir": str(ckpt),
+        "dtype": args.dtype,
+        "max_context": args.max_context,
+        "max_output_len": args.max_output_len,
+        "num_threads": args.threads,
+    }
+    target_cfg = eng_dir / "target_engine.json"
+    target_cfg.write_text(json.dumps({**common, "max_batch_size": args.max_batch_size}, indent=2))
+    spec_cfg = eng_dir / "spec_engine.json"
+    spec_cfg.write_text(json.dumps({**common, "max_batch_size": 1}, indent=2))
+    print(f"[build-engines] engine configs in {eng_dir} (dtype={args.dtype}, context={args.max_context})", flush=True)
+    tok_cfg = json.loads((ckpt / "config.json").read_text())
+    values = {
+        "tokenizer_dir": str(ckpt),
+        "max_input_len": str(args.max_context - 1),
+        "max_output_len": str(args.max_output_len),
+        "end_id": str(tok_cfg["eos_token_id"]),
+        "policy_path": str((args.policy or ROOT / "policy" / "default.yaml").resolve()),
+        "text_instances": "2",
+        "engine_max_batch_size": str(args.max_batch_size),
+        "engine_extra_parameters": "",
+        **engine_tensor_values(with_extensions=True),
+    }
+    out = art / "model_repository"
+    per_model = {"target_engine": {"engine_config": str(target_cfg)}, "spec_engine": {"engine_config": str(spec_cfg)}}
+    render("cpu", values, out, per_model)
+    print(f"[build-engines] rendered model repository: {out}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=["cpu"], default="cpu")
+    ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--max-context", type=int, default=2048)
+    ap.add_argument("--max-output-len", type=int, default=1024)
+    ap.add_argument("--max-batch-size", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per engine (0 = torch default)")
+    ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
+    args = ap.parse_args()
+    build_cpu(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""Triton model `spec_gate`: a thin adapter; the logic lives in specgate.serving.gate_model."""
+
+import os
+import sys
+
+# The Python backend's embedded interpreter ignores PYTHONPATH; the launcher passes the venv here.
+sys.path[:0] = [p for p in os.environ.get("SPECGATE_PYTHONPATH", "").split(os.pathsep) if p]
+
+from specgate.serving.gate_model import GateModel as TritonPythonModel  # noqa: E402,F401

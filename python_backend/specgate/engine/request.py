@@ -1,0 +1,46 @@
+"""What an engine is asked to do and what it reports back, independent of Triton."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from specgate.engine.sampling import SamplingParams
+
+
+class GenerationRequest(BaseModel):
+    input_ids: list[int] = Field(min_length=1)
+    max_new_tokens: int = Field(ge=1)
+    end_id: int | None = None
+    stop_words: list[list[int]] = Field(default_factory=list)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculative statistics (all zero for the baseline engine)."""
+
+    num_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+@dataclass
+class Event:
+    """One step's new tokens for one request; `finished` marks the last event, `error` a failure."""
+
+    tokens: list[int]
+    finished: bool = False
+    error: str | None = None
+    stats: SpecStats | None = None
+
+
+def hits_stop(generated: list[int], stop_words: list[list[int]]) -> bool:
+    """True when the generated tokens end with one of the stop sequences (TensorRT-LLM semantics)."""
+    return any(len(w) <= len(generated) and generated[-len(w) :] == w for w in stop_words if w)

@@ -1,0 +1,187 @@
+"""The baseline engine's scheduler: iteration-level (in-flight) batching over KV-cache slots.
+
+One worker thread owns the model. Each iteration it
+1. admits waiting requests into free slots (FIFO, so waiting is fair) and prefills them, then
+2. runs ONE forward over every active sequence's last token (per-sequence positions), samples each
+   with its own RNG, and emits each request's new token.
+Finished or cancelled sequences free their slot at once; a request that waits past `queue_timeout_s`
+or finds the queue full gets an error event. With `max_batch_size=1` it is a plain FIFO engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from specgate.engine.config import EngineConfig
+from specgate.engine.model import KVCache, Llama
+from specgate.engine.request import Event, GenerationRequest, hits_stop
+from specgate.engine.sampling import sample_token
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    emit: Emit
+    is_cancelled: Callable[[], bool]
+    enqueued: float
+    slot: int = -1
+    length: int = 0  # tokens in this slot's cache
+    generated: list[int] = field(default_factory=list)
+    gen: torch.Generator | None = None
+
+
+class BatchRunner:
+    def __init__(self, model: Llama, cfg: EngineConfig) -> None:
+        self.model, self.cfg = model, cfg
+        self.cache = KVCache(model.cfg, cfg.max_batch_size, cfg.max_context, cfg.torch_dtype)
+        self._free = list(range(cfg.max_batch_size))
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._active: list[_Seq] = []
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
+        self._thread.start()
+
+    # -- public -------------------------------------------------------------------------------
+    def submit(self, req: GenerationRequest, emit: Emit, is_cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Queue a request. Events arrive on `emit` from the worker thread; the last has finished=True."""
+        if len(req.input_ids) + 1 > self.cfg.max_context:
+            raise ValueError(f"prompt of {len(req.input_ids)} tokens leaves no room in the {self.cfg.max_context}-token context")
+        with self._cv:
+            if len(self._waiting) >= self.cfg.max_queue_size:
+                raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
+            self._waiting.append(_Seq(req, emit, is_cancelled, time.monotonic()))
+            self._cv.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting) + len(self._active)
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    # -- worker -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                admitted = self._admit_locked()
+            for seq in admitted:
+                self._guard(seq, self._prefill)
+            self._active = [s for s in self._active if s.slot >= 0]
+            if self._active:
+                try:
+                    self._decode_step()
+                except Exception as exc:  # a bug here must not hang every client
+                    log.exception("decode step failed")
+                    for s in list(self._active):
+                        self._finish(s, error=f"engine error: {exc}")
+
+    def _admit_locked(self) -> list[_Seq]:
+        now, admitted = time.monotonic(), []
+        while self._waiting and (self._free or self._waiting[0].is_cancelled()):
+            seq = self._waiting.popleft()
+            if seq.is_cancelled():
+                self._safe_emit(seq, Event([], finished=True))
+                continue
+            if now - seq.enqueued > self.cfg.queue_timeout_s:
+                self._safe_emit(seq, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
+                continue
+            seq.slot = self._free.pop(0)
+            self._active.append(seq)
+            admitted.append(seq)
+        # time out the ones still waiting behind a full batch
+        for seq in [s for s in self._waiting if now - s.enqueued > self.cfg.queue_timeout_s]:
+            self._waiting.remove(seq)
+            self._safe_emit(seq, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
+        return admitted
+
+    def _prefill(self, seq: _Seq) -> None:
+        seq.gen = seq.req.sampling.generator()
+        ids = torch.tensor([seq.req.input_ids])
+        h = self.model(ids, self.cache, torch.tensor([seq.slot]), torch.tensor([0]))
+        seq.length = ids.shape[1]
+        self._accept(seq, self.model.logits(h[:, -1])[0])
+
+    def _decode_step(self) -> None:
+        live = []
+        for s in self._active:
+            if s.is_cancelled():
+                self._finish(s)
+            else:
+                live.append(s)
+        if not live:
+            return
+        ids = torch.tensor([[s.generated[-1]] for s in live])
+        slots = torch.tensor([s.slot for s in live])
+        lens = torch.tensor([s.length for s in live])
+        logits = self.model.logits(self.model(ids, self.cache, slots, lens))[:, -1]
+        for i, s in enumerate(live):
+            s.length += 1
+            self._guard(s, lambda seq, row=logits[i]: self._accept(seq, row))
+
+    def _accept(self, seq: _Seq, logits: torch.Tensor) -> None:
+        """Sample the next token, emit it, and finish the sequence if a stop condition holds."""
+        assert seq.gen is not None
+        tok = sample_token(logits, seq.req.sampling, seq.gen)
+        if tok == seq.req.end_id:
+            self._finish(seq)
+            return
+        seq.generated.append(tok)
+        done = (
+            len(seq.generated) >= seq.req.max_new_tokens
+            or seq.length + 1 >= self.cfg.max_context
+            or hits_stop(seq.generated, seq.req.stop_words)
+        )
+        if done:
+            self._finish(seq, tokens=[tok])
+        elif not self._safe_emit(seq, Event([tok])):
+            self._finish(seq)
+
+    def _finish(self, seq: _Seq, tokens: list[int] | None = None, error: str | None = None) -> None:
+        if seq.slot >= 0:
+            self._free.append(seq.slot)
+            seq.slot = -1
+        self._safe_emit(seq, Event(tokens or [], finished=True, error=error))
+
+    def _guard(self, seq: _Seq, fn: Callable[[_Seq], None]) -> None:
+        """Run one request's step; its failure ends that request only."""
+        try:
+            fn(seq)
+        except Exception as exc:
+            log.exception("request failed")
+            self._finish(seq, error=f"engine error: {exc}")
+
+    @staticmethod
+    def _safe_emit(seq: _Seq, ev: Event) -> bool:
+        try:
+            seq.emit(ev)
+            return True
+        except Exception:  # the client went away: the caller frees the slot
+            log.warning("dropping a request whose response stream failed", exc_info=True)
+            return False

@@ -1,0 +1,160 @@
+"""Start a real `tritonserver` on the rendered model repository (`make serve`, test fixtures).
+
+Finds `tritonserver` on PATH (the NGC image) or else the binary bundled in `nvidia-pytriton`, lays out
+a backend directory with the Python backend and the stub for the running Python, and forwards the
+gate's headers (`x-...`) as request parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import urllib.request
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADER_PATTERN = "x-.*"
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+
+def _pytriton_dir() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def find_tritonserver() -> Path:
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path)
+    bundled = _pytriton_dir() / "bin" / "tritonserver"
+    if bundled.exists():
+        return bundled
+    raise SystemExit("tritonserver not found: not on PATH and nvidia-pytriton is not installed (run `make setup`)")
+
+
+def backend_dir(out: Path) -> Path:
+    """A backend directory holding the bundled Python backend plus the stub for this Python."""
+    src = _pytriton_dir()
+    stub = src / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    if not stub.exists():
+        raise SystemExit(f"nvidia-pytriton ships no Python backend stub for Python {sys.version_info[:2]}")
+    py = out / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for f in (src / "backends" / "python" / "libtriton_python.so", src / "backends" / "python" / "triton_python_backend_utils.py", stub):
+        dst = py / f.name
+        if not dst.exists() or dst.stat().st_mtime < f.stat().st_mtime:
+            shutil.copy2(f, dst)
+    return out
+
+
+def server_env() -> dict[str, str]:
+    """The stub embeds libpython: point it at this interpreter's libpython and site-packages."""
+    env = dict(os.environ)
+    paths = [str(ROOT / "python_backend"), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    env["SPECGATE_PYTHONPATH"] = os.pathsep.join(paths)
+    # the copied stub loses its relative rpath to the wheel's bundled libraries (libcudart etc.)
+    libs = [sysconfig.get_config_var("LIBDIR") or "", str(_pytriton_dir().parent.parent / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (*libs, env.get("LD_LIBRARY_PATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    return env
+
+
+def command(repo: Path, ports: Ports, backends: Path, extra: list[str] | None = None) -> list[str]:
+    return [
+        str(find_tritonserver()),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        "--allow-metrics=true",
+        "--allow-cpu-metrics=true",
+        f"--http-header-forward-pattern={HEADER_PATTERN}",
+        f"--grpc-header-forward-pattern={HEADER_PATTERN}",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--log-verbose=0",
+        *(extra or []),
+    ]
+
+
+def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> None:
+    url = f"http://127.0.0.1:{ports.http}/v2/health/ready"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before becoming ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f}s")
+
+
+def start(repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None) -> subprocess.Popen:
+    backends = backend_dir(ROOT / "artifacts" / "triton_backends")
+    out = open(log_file, "w") if log_file else None
+    return subprocess.Popen(command(repo, ports, backends, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Serve the rendered model repository with tritonserver.")
+    ap.add_argument("--model-repository", type=Path, default=ROOT / "artifacts" / "model_repository")
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    args = ap.parse_args()
+    if not (args.model_repository / "llm" / "config.pbtxt").exists():
+        raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    proc = start(args.model_repository, ports)
+    try:
+        print(f"[serve] starting tritonserver (pid {proc.pid}); loading models ...", flush=True)
+        wait_ready(proc, ports)
+        print(
+            f"[serve] ready\n"
+            f"  HTTP     http://localhost:{ports.http}/v2/models/llm/generate  (and generate_stream)\n"
+            f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
+            f"  metrics  http://localhost:{ports.metrics}/metrics\n"
+            f"  try:     python clients/generate.py 'Hello!' --stream\n"
+            f"Ctrl-C stops the server.",
+            flush=True,
+        )
+        proc.wait()
+    except KeyboardInterrupt:
+        print("\n[serve] stopping ...", flush=True)
+    finally:
+        stop(proc)
+    sys.exit(proc.returncode if proc.returncode and proc.returncode > 0 else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The `llm` entry point's per-request knobs, validated once in `spec_gate`.
+
+Errors name the client-facing input (`max_tokens`, not the engine's `request_output_len`) so a user
+can fix the request from the message alone.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from specgate.text.tokenizer import InvalidInput
+
+ALGORITHMS = ("eagle", "eagle2", "draft_model", "ngram")
+
+
+class LLMRequest(BaseModel):
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stream: bool = False
+    use_speculative_decoding: bool | None = None
+    speculative_algorithm: str | None = None
+    num_speculative_tokens: int | None = Field(None)
+    # filled from request parameters (headers over gRPC, body fields over HTTP generate)
+    api_key: str | None = None
+    spec_header: str | None = None
+    request_id: str = ""
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if not v >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {v}")
+        return v
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {v}")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {v}")
+        return v
+
+    @field_validator("speculative_algorithm")
+    @classmethod
+    def _algorithm(cls, v: str | None) -> str | None:
+        if v is not None and v not in ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of {', '.join(ALGORITHMS)}; got {v!r}")
+        return v
+
+
+def parse_llm_request(fields: dict, max_output_len: int) -> LLMRequest:
+    """Validate raw fields into an LLMRequest, raising InvalidInput with a readable message."""
+    mt = fields.get("max_tokens")
+    if mt is not None and not 1 <= int(mt) <= max_output_len:
+        raise InvalidInput(f"max_tokens must be between 1 and {max_output_len}, got {int(mt)}")
+    try:
+        return LLMRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        msgs = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise InvalidInput(msgs) from None

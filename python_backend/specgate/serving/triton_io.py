@@ -1,0 +1,39 @@
+"""Small helpers for reading and writing Triton Python-backend tensors (only importable in the stub)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def optional_array(request: Any, name: str) -> np.ndarray | None:
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
+
+
+def optional_scalar(request: Any, name: str) -> Any:
+    """First element of an optional input as a Python value (bytes are decoded later by the caller)."""
+    arr = optional_array(request, name)
+    if arr is None or arr.size == 0:
+        return None
+    v = arr.reshape(-1)[0]
+    return v if isinstance(v, bytes) else v.item()
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    raw = request.parameters()
+    return json.loads(raw) if raw else {}
+
+
+def error_response(message: str, invalid_arg: bool = True) -> Any:
+    code = pb_utils.TritonError.INVALID_ARG if invalid_arg else pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+
+
+def tensor(name: str, value: Any, dtype: Any) -> Any:
+    return pb_utils.Tensor(name, np.asarray(value, dtype=dtype))
