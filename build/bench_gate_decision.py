@@ -65,7 +65,7 @@ def _workload(n: int, seed: int) -> list[RequestInputs]:
         RequestInputs(
             request_id=f"req-{i}",
             api_key=rng.choice(keys),
-            spec_mode=rng.choice([None, None, None, "prod", "shadow", "off"]),
+            spec_header=rng.choice([None, None, None, "prod", "shadow", "off"]),
             temperature=rng.choice([0.0, 0.2, 0.7, 1.0]),
         )
         for i in range(n)

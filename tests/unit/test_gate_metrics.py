@@ -104,7 +104,7 @@ def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, fams: dict[
     decisions = [gate.decide(RequestInputs(api_key="secret-key", temperature=t)) for t in (0.1, 0.2, 0.9)]
     for d in decisions:
         gate.finish(d)
-    shadow = gate.decide(RequestInputs(spec_mode="shadow"))
+    shadow = gate.decide(RequestInputs(spec_header="shadow"))
     gate.end_shadow(shadow, mismatch=True)
     gate.finish(shadow)
 
@@ -119,9 +119,9 @@ def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, fams: dict[
     assert fams["spec_gate_shadow_comparisons_total"].value() == 1
     assert fams["spec_gate_in_flight"].value() == 0
 
-    gate.record_speculative(decisions[0], SpecStats(num_draft_tokens=8, num_accepted_tokens=6,
+    gate.record_speculative(decisions[0], SpecStats(draft_tokens=8, accepted_tokens=6,
                                                     num_drafts=2, accepted_per_position=[2, 2, 1, 1]))
-    gate.record_speculative(decisions[1], SpecStats(num_draft_tokens=9, num_accepted_tokens=2))
+    gate.record_speculative(decisions[1], SpecStats(draft_tokens=9, accepted_tokens=2))
     assert fams["spec_decode_num_drafts_total"].value() == 2 + 3  # 9 tokens / k=4 -> 3 drafts
     assert fams["spec_decode_num_draft_tokens_total"].value() == 17
     assert fams["spec_decode_acceptance_rate"].value(tenant=label) == pytest.approx(0.9 * 0.75 + 0.1 * 2 / 9)
@@ -140,7 +140,7 @@ def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, fams: dict[
 def test_no_factory_exports_nothing_and_works() -> None:
     gate = Gate(None)
     d = gate.decide(RequestInputs(use_speculative_decoding=True))
-    gate.record_speculative(d, SpecStats(num_draft_tokens=4, num_accepted_tokens=4))
+    gate.record_speculative(d, SpecStats(draft_tokens=4, accepted_tokens=4))
     gate.finish(d)
     assert d.route == "speculative"
 
@@ -154,3 +154,12 @@ def test_dashboard_plots_every_gate_metric_and_triton_ones(fams: dict[str, FakeF
     for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_queue_duration_us"):
         assert name in exprs
     assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource"}
+
+
+def test_drafts_estimated_when_the_engine_reports_none(fams: dict[str, FakeFamily]) -> None:
+    gate = Gate(None, metric_factory=fake_pb_utils())
+    d = gate.decide(RequestInputs(use_speculative_decoding=True, num_speculative_tokens=3))
+    gate.record_speculative(d, SpecStats(draft_tokens=7, accepted_tokens=5, num_drafts=0))
+    gate.record_speculative(d, SpecStats(draft_tokens=0, accepted_tokens=0, num_drafts=0))
+    gate.finish(d)
+    assert fams["spec_decode_num_drafts_total"].value() == 3  # ceil(7 / 3); nothing drafted: 0

@@ -58,22 +58,22 @@ def test_precedence_header_over_bool_over_tenant_over_org(gate: Gate) -> None:
     assert decide(gate) == ("speculative", "prod", False)  # org: prod
     assert decide(gate, api_key=KEY_A) == ("baseline", "mode_off", False)  # tenant: off
     assert decide(gate, api_key=KEY_A, use_speculative_decoding=True)[1] == "prod"
-    assert decide(gate, api_key=KEY_A, spec_mode="prod", use_speculative_decoding=False)[1] == "prod"
-    assert decide(gate, spec_mode="off", use_speculative_decoding=True)[1] == "mode_off"
-    assert decide(gate, spec_mode=" SHADOW ")[1] == "shadow"
+    assert decide(gate, api_key=KEY_A, spec_header="prod", use_speculative_decoding=False)[1] == "prod"
+    assert decide(gate, spec_header="off", use_speculative_decoding=True)[1] == "mode_off"
+    assert decide(gate, spec_header=" SHADOW ")[1] == "shadow"
     assert decide(gate, api_key=KEY_B)[1] == "shadow"  # tenant keyed by sha256 in the file
 
 
 def test_malformed_header_is_an_error_naming_header_and_values(gate: Gate) -> None:
     with pytest.raises(PolicyError, match=r"x-speculative-decoding.*'maybe'.*off, shadow, prod"):
-        gate.decide(RequestInputs(spec_mode="maybe"))
+        gate.decide(RequestInputs(spec_header="maybe"))
     assert gate.in_flight == 0  # a rejected request is not counted
 
 
 def test_malformed_header_ignored_when_policy_says_so(tmp_path: Path) -> None:
     g = make_gate(tmp_path, "mode: off\nmalformed_header: ignore\n")
-    assert decide(g, spec_mode="maybe")[1] == "mode_off"
-    assert decide(g, spec_mode="maybe", use_speculative_decoding=True)[1] == "prod"
+    assert decide(g, spec_header="maybe")[1] == "mode_off"
+    assert decide(g, spec_header="maybe", use_speculative_decoding=True)[1] == "prod"
 
 
 def test_unknown_tenant_gets_org_default_or_is_rejected(gate: Gate, tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_canary_is_deterministic_and_close_to_its_percentage(tmp_path: Path) -> 
     # anonymous requests still split; an explicit request for prod skips the canary
     anon = [decide(g)[1] for _ in range(1000)]
     assert 0.2 < anon.count("canary_in") / 1000 < 0.4
-    assert {decide(g, request_id=f"req-{i}", spec_mode="prod")[1] for i in range(200)} == {"prod"}
+    assert {decide(g, request_id=f"req-{i}", spec_header="prod")[1] for i in range(200)} == {"prod"}
 
 
 def test_canary_bounds(tmp_path: Path) -> None:
@@ -140,14 +140,14 @@ def test_load_gate_counts_in_flight(gate: Gate) -> None:
 
 
 def test_shadow_mirrors_are_bounded_and_dropped_when_busy(gate: Gate) -> None:
-    first = gate.decide(RequestInputs(spec_mode="shadow"))
+    first = gate.decide(RequestInputs(spec_header="shadow"))
     assert (first.route, first.reason, first.shadow) == ("baseline", "shadow", True)
-    busy = gate.decide(RequestInputs(spec_mode="shadow"))
+    busy = gate.decide(RequestInputs(spec_header="shadow"))
     assert (busy.route, busy.reason, busy.shadow) == ("baseline", "shadow_busy", False)
     gate.end_shadow(first, mismatch=False)
     for d in (first, busy):
         gate.finish(d)
-    assert decide(gate, spec_mode="shadow") == ("baseline", "shadow", True)
+    assert decide(gate, spec_header="shadow") == ("baseline", "shadow", True)
 
 
 def test_breaker_routes_and_probes(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_breaker_routes_and_probes(tmp_path: Path) -> None:
     g = make_gate(tmp_path, clock=clock)
     for _ in range(2):
         d = g.decide(RequestInputs(api_key="stranger"))
-        g.record_speculative(d, SpecStats(num_draft_tokens=10, num_accepted_tokens=1))
+        g.record_speculative(d, SpecStats(draft_tokens=10, accepted_tokens=1))
         g.finish(d)
     assert g.breakers.snapshot("org").state is BreakerState.OPEN
     assert decide(g) == ("baseline", "circuit_open", False)
@@ -164,18 +164,18 @@ def test_breaker_routes_and_probes(tmp_path: Path) -> None:
     probe = g.decide(RequestInputs())
     assert (probe.route, probe.reason, probe.probe) == ("speculative", "half_open_probe", True)
     assert decide(g)[1] == "circuit_open"  # probe_fraction 0.5: every other request
-    g.record_speculative(probe, SpecStats(num_draft_tokens=10, num_accepted_tokens=9))
+    g.record_speculative(probe, SpecStats(draft_tokens=10, accepted_tokens=9))
     g.finish(probe)
     assert g.breakers.snapshot("org").state is BreakerState.CLOSED
     assert decide(g)[1] == "prod"
 
 
 def test_engine_failures_open_the_tenant_breaker_only(gate: Gate) -> None:
-    tenant = gate.decide(RequestInputs(api_key=KEY_A, spec_mode="prod"))
+    tenant = gate.decide(RequestInputs(api_key=KEY_A, spec_header="prod"))
     for _ in range(3):
         gate.record_failure(tenant, "speculative")
     gate.finish(tenant)
-    assert decide(gate, api_key=KEY_A, spec_mode="prod")[1] == "circuit_open"
+    assert decide(gate, api_key=KEY_A, spec_header="prod")[1] == "circuit_open"
     assert decide(gate)[1] == "prod"  # the org bucket is untouched
     org = gate.decide(RequestInputs())
     for _ in range(5):
@@ -219,3 +219,15 @@ def test_load_gate_is_atomic_across_threads(gate: Gate) -> None:
     for d in decisions:
         gate.finish(d)
     assert gate.in_flight == 0
+
+
+def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
+    # The adapter passes its LLMRequest and the engines' SpecStats straight in (duck-typed).
+    from specgate.engine.request import SpecStats as EngineStats
+    from specgate.llm_request import LLMRequest
+
+    d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))
+    assert (d.route, d.reason, d.tenant) == ("speculative", "prod", DIGEST_B[:8])
+    gate.record_speculative(d, EngineStats(draft_tokens=8, accepted_tokens=6))  # tensorrtllm: no drafts
+    gate.finish(d)
+    assert gate.breakers.snapshot(DIGEST_B).ema == pytest.approx(0.75)

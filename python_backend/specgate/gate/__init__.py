@@ -9,10 +9,12 @@ metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, load_policy, parse_policy
-from specgate.gate.router import REASONS, Decision, Gate, RequestInputs, SpecStats
+from specgate.gate.router import (
+    REASONS, Decision, Gate, GateRequest, GateStats, RequestInputs, SpecStats,
+)
 
 __all__ = [
-    "Admission", "BreakerState", "CircuitBreakers", "Decision", "Gate", "GateMetrics", "Mode",
-    "Policy", "PolicyError", "PolicyStore", "REASONS", "RequestInputs", "SpecStats", "load_policy",
-    "parse_policy",
+    "REASONS", "Admission", "BreakerState", "CircuitBreakers", "Decision", "Gate", "GateMetrics",
+    "GateRequest", "GateStats", "Mode", "Policy", "PolicyError", "PolicyStore", "RequestInputs",
+    "SpecStats", "load_policy", "parse_policy",
 ]

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
@@ -80,16 +80,36 @@ _MODES = {m.value: m for m in Mode}
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 
 
+class GateRequest(Protocol):
+    """What decide() reads from a request (`specgate.llm_request.LLMRequest` has these fields).
+
+    Strings are already decoded; absent is None. `temperature` should be the effective one (None
+    passes the temperature gate).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def spec_header(self) -> str | None: ...  # the x-speculative-decoding parameter, raw
+    @property
+    def use_speculative_decoding(self) -> bool | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def speculative_algorithm(self) -> str | None: ...
+    @property
+    def num_speculative_tokens(self) -> int | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RequestInputs:
-    """What the adapter extracts from a request. Strings are already decoded; absent is None.
-
-    `temperature` should be the effective one (None passes the temperature gate).
-    """
+    """A plain GateRequest (tests, benchmarks, adapters without an LLMRequest)."""
 
     request_id: str = ""
     api_key: str | None = None
-    spec_mode: str | None = None  # the x-speculative-decoding parameter, raw
+    spec_header: str | None = None
     use_speculative_decoding: bool | None = None
     temperature: float | None = None
     speculative_algorithm: str | None = None
@@ -109,16 +129,30 @@ class Decision:
     tenant_key: str = ORG_TENANT  # breaker key: full sha256 hex of the API key, or "org"
 
 
-@dataclass(frozen=True, slots=True)
-class SpecStats:
-    """One finished speculative request (or shadow mirror), from the engine's outputs.
+class GateStats(Protocol):
+    """One finished speculative request or shadow mirror (`specgate.engine.request.SpecStats` fits).
 
-    `num_drafts` (verification steps) is a CPU-engine extension; when None it is estimated as
-    ceil(num_draft_tokens / num_speculative_tokens), exact for fixed-length chains.
+    `num_drafts` (verification steps) and `accepted_per_position` are CPU-engine extensions; when
+    `num_drafts` is 0 or None while tokens were drafted (tensorrtllm) it is estimated as
+    ceil(draft_tokens / num_speculative_tokens), exact for fixed-length chains.
     """
 
-    num_draft_tokens: int
-    num_accepted_tokens: int
+    @property
+    def draft_tokens(self) -> int: ...
+    @property
+    def accepted_tokens(self) -> int: ...
+    @property
+    def num_drafts(self) -> int | None: ...
+    @property
+    def accepted_per_position(self) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SpecStats:
+    """A plain GateStats, without importing the engine package (and torch)."""
+
+    draft_tokens: int
+    accepted_tokens: int
     num_drafts: int | None = None
     accepted_per_position: Sequence[int] = ()
 
@@ -161,7 +195,7 @@ class Gate:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def decide(self, inputs: RequestInputs) -> Decision:
+    def decide(self, inputs: GateRequest) -> Decision:
         """Route one request. Raises PolicyError for a request the policy rejects (INVALID_ARG)."""
         start = time.perf_counter()
         policy = self._store.current()
@@ -186,16 +220,16 @@ class Gate:
             in_flight = self._in_flight
         self._metrics.in_flight(in_flight)
 
-    def record_speculative(self, decision: Decision, stats: SpecStats) -> None:
+    def record_speculative(self, decision: Decision, stats: GateStats) -> None:
         """Stats of a finished speculative request or shadow mirror: metrics and the tenant's EMA."""
         drafts = stats.num_drafts
-        if drafts is None:
-            drafts = -(-stats.num_draft_tokens // decision.num_speculative_tokens)
+        if not drafts and stats.draft_tokens > 0:
+            drafts = -(-stats.draft_tokens // decision.num_speculative_tokens)
         self._metrics.speculative_stats(
-            drafts, stats.num_draft_tokens, stats.num_accepted_tokens, stats.accepted_per_position
+            drafts or 0, stats.draft_tokens, stats.accepted_tokens, stats.accepted_per_position
         )
         ema = self._breakers.record_acceptance(
-            decision.tenant_key, stats.num_accepted_tokens, stats.num_draft_tokens,
+            decision.tenant_key, stats.accepted_tokens, stats.draft_tokens,
             self._store.current().breaker,
         )
         if ema is not None:
@@ -216,7 +250,7 @@ class Gate:
 
     def _route(
         self,
-        inputs: RequestInputs,
+        inputs: GateRequest,
         policy: Policy,
         tenant: TenantPolicy | None,
         tenant_key: str,
@@ -282,16 +316,16 @@ class Gate:
 
 
 def _resolve_mode(
-    inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy
+    inputs: GateRequest, tenant: TenantPolicy | None, policy: Policy
 ) -> tuple[Mode, bool]:
     """The effective mode, and whether the request itself chose it."""
-    if inputs.spec_mode is not None:
-        mode = _MODES.get(inputs.spec_mode.strip().lower())
+    if inputs.spec_header is not None:
+        mode = _MODES.get(inputs.spec_header.strip().lower())
         if mode is not None:
             return mode, True
         if policy.malformed_header == "reject":
             raise PolicyError(
-                f"{HEADER_SPEC_MODE}: invalid value {inputs.spec_mode[:32]!r}; "
+                f"{HEADER_SPEC_MODE}: invalid value {inputs.spec_header[:32]!r}; "
                 f"allowed: {', '.join(_MODES)}"
             )
     if inputs.use_speculative_decoding is not None:
@@ -302,7 +336,7 @@ def _resolve_mode(
 
 
 def _speculation(
-    inputs: RequestInputs, tenant: TenantPolicy | None, policy: Policy
+    inputs: GateRequest, tenant: TenantPolicy | None, policy: Policy
 ) -> tuple[str, int]:
     default = _override(tenant, "algorithm", policy.speculative.algorithm)
     algorithm = inputs.speculative_algorithm or default
