@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
+from specgate.contract import HEADER_SPEC_MODE
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import (
@@ -75,7 +76,6 @@ REASONS: tuple[str, ...] = (
 
 ORG_TENANT = "org"  # label (and breaker key) shared by unknown / missing API keys
 
-HEADER_SPEC_MODE = "x-speculative-decoding"
 _MODES = {m.value: m for m in Mode}
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 
