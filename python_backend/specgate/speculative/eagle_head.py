@@ -1,0 +1,180 @@
+"""EAGLE-1 draft head: one Llama layer that extrapolates the target's final features.
+
+Pairing (what the serving drafters rely on). Let `f_t` be the target's final hidden state at
+position t (after the final norm, as `Llama.forward` returns it), so `target.lm_head(f_t)` scores
+token t+1. The head consumes pairs `(f_t, x_{t+1})` -- a feature and the token that FOLLOWS it --
+and predicts `f_{t+1}`:
+
+    h_t = layer(fc(cat(embed(x_{t+1}), f_t)))  ~=  f_{t+1},    draft token = argmax lm_head(h_t)
+
+The pair's K/V live at the head's cache index of position t (RoPE position t by default). After the
+target verifies, the drafter feeds every newly known `(f_t, x_{t+1})` pair (true features), then
+chains: the last pair predicts `h`, `x' = argmax draft_logits(h)`, and the next step feeds `(h, x')`
+at position t+1. Draft logits cover a reduced vocabulary; `d2t` maps draft indices to target ids.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specgate.engine.model import Attn, DecoderLayer, KVCache, Llama, LlamaConfig, Rotary
+
+WEIGHTS = "eagle_head.safetensors"
+CONFIG = "config.json"
+
+
+class EagleHeadConfig(BaseModel):
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    draft_vocab_size: int
+    target_vocab_size: int
+    max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_target(cls, cfg: LlamaConfig, draft_vocab_size: int) -> "EagleHeadConfig":
+        return cls(
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            rms_norm_eps=cfg.rms_norm_eps,
+            rope_theta=cfg.rope_theta,
+            draft_vocab_size=draft_vocab_size,
+            target_vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+
+    def llama_config(self) -> LlamaConfig:
+        """A one-layer LlamaConfig: builds the DecoderLayer, the rotary table and the KVCache."""
+        return LlamaConfig(
+            vocab_size=self.target_vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=True,
+            eos_token_id=-1,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+
+
+class _NoCache:
+    """Duck-typed `Attn` for training: plain causal attention over the block, nothing stored."""
+
+    mask = None
+    is_causal = True
+
+    @staticmethod
+    def write_and_read(cache_k: Tensor | None, cache_v: Tensor | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v
+
+
+class EagleHead(nn.Module):
+    def __init__(self, cfg: EagleHeadConfig, target: Llama, d2t: Tensor) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.llama_cfg = cfg.llama_config()
+        D = cfg.hidden_size
+        self.fc = nn.Linear(2 * D, D, bias=False)
+        self.layer = DecoderLayer(self.llama_cfg, use_input_norm=False)
+        self.register_buffer("d2t", d2t.long().clone())
+        # Frozen pieces of the target. `embed` is the target's own module, kept unregistered so that
+        # `head.to(...)` or `head.state_dict()` never touch the target.
+        object.__setattr__(self, "embed", target.embed)
+        self.lm_head = nn.Linear(D, cfg.draft_vocab_size, bias=False)
+        self.lm_head.weight = nn.Parameter(target.lm_head.weight.detach()[self.d2t].clone(), requires_grad=False)
+        self.rotary = Rotary(self.llama_cfg, cfg.max_position_embeddings)
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """What a head file stores: fc, the layer and d2t (embed / lm_head rows come from the target)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("lm_head.")}
+
+    def new_cache(self, max_len: int, dtype: torch.dtype) -> KVCache:
+        return KVCache(self.llama_cfg, num_slots=1, max_len=max_len, dtype=dtype)
+
+    def _inputs(self, features: Tensor, input_ids: Tensor) -> Tensor:
+        dtype = self.fc.weight.dtype
+        with torch.no_grad():  # the target's table is frozen: no gradient for 49k x D rows
+            emb = self.embed(input_ids).to(dtype)
+        return self.fc(torch.cat([emb, features.to(dtype)], dim=-1))
+
+    def forward(
+        self,
+        features: Tensor,
+        input_ids: Tensor,
+        cache: KVCache,
+        cache_len: int,
+        positions: Tensor | None = None,
+        tree_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Pairs (features[:, t], input_ids[:, t]) -> predicted next features [1, T, D].
+
+        K/V are written at cache indices cache_len .. cache_len+T-1; positions default to the same.
+        """
+        T = input_ids.shape[1]
+        cache_lens = torch.tensor([cache_len])
+        if positions is None:
+            positions = cache_len + torch.arange(T).view(1, T)
+        x = self._inputs(features, input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        att = Attn(torch.tensor([0]), cache_lens, T, tree_mask)
+        return self.layer(x, cos, sin, cache.k[0], cache.v[0], att)
+
+    def forward_train(self, features: Tensor, input_ids: Tensor) -> Tensor:
+        """Causal forward without a cache over [B, T] pairs at positions 0..T-1."""
+        B, T = input_ids.shape
+        x = self._inputs(features, input_ids)
+        cos, sin = self.rotary(torch.arange(T).expand(B, T), x.dtype)
+        return self.layer(x, cos, sin, None, None, _NoCache())
+
+    def draft_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+
+@torch.inference_mode()
+def greedy_chain(head: EagleHead, feature: Tensor, token: int, cache: KVCache, cache_len: int, k: int) -> list[int]:
+    """Draft k tokens greedily from the last known pair (feature [1, 1, D] = f_t, token = x_{t+1}).
+
+    Writes k entries at cache_len.. (the caller rolls `cache_len` back to keep only accepted ones).
+    """
+    out: list[int] = []
+    h, x = feature, token
+    for i in range(k):
+        h = head(h, torch.tensor([[x]]), cache, cache_len + i)
+        x = int(head.d2t[head.draft_logits(h[0, -1]).argmax()])
+        out.append(x)
+    return out
+
+
+def save_eagle_head(head: EagleHead, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in head.trainable_state().items()}, str(path / WEIGHTS))
+    (path / CONFIG).write_text(head.cfg.model_dump_json(indent=2) + "\n")
+
+
+def load_eagle_head(path: Path, target: Llama, dtype: torch.dtype) -> EagleHead:
+    cfg = EagleHeadConfig.model_validate(json.loads((path / CONFIG).read_text()))
+    if cfg.hidden_size != target.cfg.hidden_size or cfg.target_vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"head {path} was trained for another target (hidden/vocab mismatch)")
+    sd = load_file(str(path / WEIGHTS))
+    head = EagleHead(cfg, target, sd["d2t"])
+    missing, unexpected = head.load_state_dict(sd, strict=False)
+    if unexpected or [m for m in missing if not m.startswith("lm_head.")]:
+        raise ValueError(f"bad head file {path / WEIGHTS}: missing {missing}, unexpected {unexpected}")
+    return head.to(dtype).eval()

@@ -1,0 +1,99 @@
+"""EagleHead: shapes, the file round trip, and that the cached serving path equals training's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgate.engine.model import KVCache, Llama, LlamaConfig, load_llama
+from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, greedy_chain, load_eagle_head, save_eagle_head
+
+CHECKPOINT = Path(__file__).resolve().parents[2] / "artifacts/checkpoints/smollm2-135m-instruct"
+TINY = LlamaConfig(
+    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+    eos_token_id=2, max_position_embeddings=256,
+)  # fmt: skip
+
+
+def _tiny_target() -> Llama:
+    torch.manual_seed(0)
+    return Llama(TINY, max_len=256).eval()
+
+
+def _head(target: Llama, draft_vocab: int = 50) -> EagleHead:
+    torch.manual_seed(1)
+    d2t = torch.randperm(target.cfg.vocab_size)[:draft_vocab]
+    return EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab), target, d2t).eval()
+
+
+def test_shapes_and_draft_vocab() -> None:
+    target = _tiny_target()
+    head = _head(target)
+    feats, ids = torch.randn(2, 7, 64), torch.randint(0, 300, (2, 7))
+    h = head.forward_train(feats, ids)
+    assert h.shape == (2, 7, 64)
+    logits = head.draft_logits(h)
+    assert logits.shape == (2, 7, 50) and logits.dtype == torch.float32
+    assert int(head.d2t.min()) >= 0 and int(head.d2t.max()) < target.cfg.vocab_size
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.d2t])
+    assert not any(k.startswith("embed") for k in head.state_dict())  # the target's table is not ours
+
+
+def test_cached_steps_equal_forward_train() -> None:
+    """Prefill + single-pair steps through the KV cache reproduce the causal training forward."""
+    head = _head(_tiny_target())
+    feats, ids = torch.randn(1, 9, 64), torch.randint(0, 300, (1, 9))
+    with torch.no_grad():
+        ref = head.forward_train(feats, ids)
+        cache = head.new_cache(16, torch.float32)
+        got = [head(feats[:, :4], ids[:, :4], cache, 0)]
+        got += [head(feats[:, t : t + 1], ids[:, t : t + 1], cache, t) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(got, dim=1), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_chain_feeds_back_its_features() -> None:
+    head = _head(_tiny_target())
+    feats, ids = torch.randn(1, 5, 64), torch.randint(0, 300, (1, 5))
+    cache = head.new_cache(16, torch.float32)
+    head(feats[:, :4], ids[:, :4], cache, 0)
+    draft = greedy_chain(head, feats[:, 4:], int(ids[0, 4]), cache, 4, k=3)
+    # the same chain by hand, from the training forward over the growing sequence
+    f, x = feats.clone(), ids.clone()
+    with torch.no_grad():
+        for tok in draft:
+            h = head.forward_train(f, x)[:, -1:]
+            assert int(head.d2t[head.draft_logits(h[0, -1]).argmax()]) == tok
+            f, x = torch.cat([f, h], 1), torch.cat([x, torch.tensor([[tok]])], 1)
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    target = _tiny_target()
+    head = _head(target)
+    save_eagle_head(head, tmp_path)
+    stored = (tmp_path / "eagle_head.safetensors").stat().st_size
+    assert stored < 4 * sum(p.numel() for n, p in head.named_parameters() if not n.startswith("lm_head")) + 4096
+    loaded = load_eagle_head(tmp_path, target, torch.float32)
+    feats, ids = torch.randn(1, 6, 64), torch.randint(0, 300, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.forward_train(feats, ids), head.forward_train(feats, ids))
+    assert torch.equal(loaded.d2t, head.d2t)
+
+
+@pytest.mark.skipif(not CHECKPOINT.exists(), reason="target checkpoint missing: run `python -m build.fetch_model`")
+def test_real_target_head(tmp_path: Path) -> None:
+    target = load_llama(CHECKPOINT, torch.float32, max_len=64)
+    d2t = torch.arange(8192)
+    head = EagleHead(EagleHeadConfig.from_target(target.cfg, 8192), target, d2t).eval()
+    save_eagle_head(head.to(torch.bfloat16), tmp_path)
+    assert (tmp_path / "eagle_head.safetensors").stat().st_size < 12_000_000  # fc + one layer + d2t only
+    loaded = load_eagle_head(tmp_path, target, torch.bfloat16)
+    assert loaded.embed is target.embed and loaded.cfg.draft_vocab_size == 8192
+    assert loaded.lm_head.weight.shape == (8192, target.cfg.hidden_size)
+    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253]])
+    feats = target(ids, KVCache(target.cfg, 1, 64, torch.float32), torch.tensor([0]), torch.tensor([0]))
+    with torch.no_grad():
+        h = loaded(feats[:, :-1], ids[:, 1:], loaded.new_cache(16, torch.bfloat16), 0)
+    assert h.shape == (1, 5, target.cfg.hidden_size) and loaded.draft_logits(h).shape == (1, 5, 8192)
