@@ -12,6 +12,7 @@ from pathlib import Path
 
 from build import fetch_model
 from build.render_repository import engine_tensor_values, render
+from build.trtllm import build as trtllm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,7 @@ def build_cpu(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", choices=["cpu"], default="cpu")
+    ap.add_argument("--engine", choices=["cpu", "trtllm"], default="cpu")
     ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--max-context", type=int, default=2048)
@@ -63,8 +64,12 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per engine (0 = torch default)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
+    trtllm.add_arguments(ap)
     args = ap.parse_args()
-    build_cpu(args)
+    if args.engine == "trtllm":
+        trtllm.run_from_args(args)
+    else:
+        build_cpu(args)
 
 
 if __name__ == "__main__":

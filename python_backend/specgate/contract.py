@@ -44,7 +44,7 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("temperature", "TYPE_FP32", (1,), optional=True),
     Tensor("runtime_top_k", "TYPE_INT32", (1,), optional=True),
     Tensor("runtime_top_p", "TYPE_FP32", (1,), optional=True),
-    Tensor("random_seed", "TYPE_UINT64", (1,), optional=True),
+    Tensor("seed", "TYPE_UINT64", (1,), optional=True),  # the backend renamed random_seed to seed
     Tensor("streaming", "TYPE_BOOL", (1,), optional=True),
     Tensor("return_perf_metrics", "TYPE_BOOL", (1,), optional=True),
 )

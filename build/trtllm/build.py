@@ -1,0 +1,104 @@
+"""`make build-engines ENGINE=trtllm`: compile the engines with TensorRT-LLM and render the repository.
+
+With --dry-run it only prints every command and every rendered config.pbtxt, so it runs anywhere
+(no GPU, no TensorRT-LLM). Without it, each command runs in turn (a step whose output directory
+already exists is skipped, so a failed build resumes), then the repository is rendered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from build.render_repository import render
+from build.trtllm.commands import Layout, Step, plan
+from build.trtllm.pins import NGC_IMAGE, TRTLLM_TAG, TRTLLM_VERSION
+from build.trtllm.render import render_values
+from build.trtllm.spec import BuildSpec, SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("ENGINE=trtllm")
+    g.add_argument("--spec", type=Path, default=ROOT / "build" / "specs" / "smollm2-eagle.yaml", help="build spec (YAML)")
+    g.add_argument("--dry-run", action="store_true", help="print the commands and rendered configs; run nothing")
+    g.add_argument(
+        "--trtllm-examples", type=Path, default=Path(os.environ.get("TRTLLM_EXAMPLES", ROOT / "artifacts" / "TensorRT-LLM" / "examples")),
+        help=f"examples/ of a TensorRT-LLM {TRTLLM_TAG} checkout (conversion scripts); default $TRTLLM_EXAMPLES",
+    )
+
+
+def _show(step: Step) -> str:
+    return f"# {step.name}\n{shlex.join(step.argv)}"
+
+
+def _run(step: Step) -> None:
+    if step.output.exists():
+        print(f"[trtllm] skip {step.name}: {step.output} exists", flush=True)
+        return
+    print(f"[trtllm] {step.name} ...\n  {shlex.join(step.argv)}", flush=True)
+    t0 = time.monotonic()
+    tmp = step.output.with_name(step.output.name + ".partial")
+    argv = [str(tmp) if a == str(step.output) else a for a in step.argv]  # publish only complete outputs
+    try:
+        subprocess.run(argv, check=True)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"[trtllm] {step.name}: {exc.filename} not found (run inside {NGC_IMAGE})") from None
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"[trtllm] {step.name} failed with exit code {exc.returncode}") from None
+    tmp.rename(step.output)
+    print(f"[trtllm] {step.name} done in {time.monotonic() - t0:.0f}s", flush=True)
+
+
+def _check_inputs(spec: BuildSpec, examples: Path) -> None:
+    """Fail before the first (long) step when an input is missing."""
+    sp = spec.speculative
+    needed = [spec.target_hf_dir, spec.tokenizer, examples]
+    needed += [sp.eagle.head_dir] if sp.eagle and sp.eagle.head_dir else []
+    needed += [sp.draft_hf_dir] if sp.draft_hf_dir else []
+    missing = [str(p) for p in needed if not Path(p).exists()]
+    if missing:
+        raise SystemExit("[trtllm] missing inputs:\n  " + "\n  ".join(missing))
+
+
+def build(spec: BuildSpec, artifacts: Path, out_dir: Path, policy: Path, examples: Path, dry_run: bool) -> list[Path]:
+    layout = Layout(artifacts.resolve() / "trtllm" / spec.name)
+    steps = plan(spec, layout, examples.resolve())
+    values, per_model = render_values(spec, layout, policy.resolve())
+    print(f"[trtllm] spec {spec.name}: method {spec.speculative.method}, TensorRT-LLM {TRTLLM_VERSION}, "
+          f"tp {spec.parallel.tp_size} x pp {spec.parallel.pp_size}", flush=True)  # fmt: skip
+    if spec.speculative.method == "draft_model":
+        print("[trtllm] note: draft_model needs draft_input_ids from an orchestrator; the gate sends none, so "
+              "spec_engine decodes without drafts (see docs/trtllm.md)", flush=True)  # fmt: skip
+    if dry_run:
+        print("\n".join(_show(s) for s in steps))
+        with tempfile.TemporaryDirectory() as tmp:
+            for cfg in render("trtllm", values, Path(tmp) / "model_repository", per_model):
+                print(f"# ---- {out_dir / 'model_repository' / cfg.parent.name / 'config.pbtxt'}\n{cfg.read_text()}")
+        return []
+    _check_inputs(spec, examples)
+    for step in steps:
+        _run(step)
+    written = render("trtllm", values, out_dir / "model_repository", per_model)
+    print(f"[trtllm] rendered model repository: {out_dir / 'model_repository'}", flush=True)
+    return written
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    """Entry from build/build_engines.py (--engine trtllm)."""
+    try:
+        spec = load_spec(args.spec, ROOT)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
+    artifacts: Path = args.artifacts
+    out_dir = getattr(args, "out_dir", None) or artifacts
+    policy = args.policy or ROOT / "policy" / "default.yaml"
+    build(spec, artifacts, out_dir, policy, args.trtllm_examples, args.dry_run)

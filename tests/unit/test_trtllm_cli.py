@@ -1,0 +1,45 @@
+"""`python -m build.build_engines --engine trtllm --dry-run` runs without a GPU or TensorRT-LLM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "build.build_engines", "--engine", "trtllm", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_dry_run_prints_every_command_and_config(tmp_path: Path) -> None:
+    r = _cli("--spec", "build/specs/smollm2-eagle.yaml", "--dry-run", "--artifacts", str(tmp_path), "--trtllm-examples", "/tllm/examples")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    eng = tmp_path / "trtllm" / "smollm2-eagle"
+    assert f"python3 /tllm/examples/models/core/llama/convert_checkpoint.py --model_dir {ROOT}/artifacts/checkpoints/smollm2-135m-instruct" in out
+    assert f"trtllm-build --checkpoint_dir {eng}/checkpoints/target --output_dir {eng}/engines/target" in out
+    assert "python3 /tllm/examples/eagle/convert_checkpoint.py" in out
+    assert "--max_draft_len 14 --num_eagle_layers 3 --max_non_leaves_per_layer 10" in out
+    assert f"--output_dir {eng}/engines/spec" in out and "--speculative_decoding_mode eagle" in out
+    for model in ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine", "postprocessing"):
+        assert f"model_repository/{model}/config.pbtxt" in out
+    assert out.count('backend: "tensorrtllm"') == 2
+    assert f'key: "gpt_model_path" value: {{ string_value: "{eng}/engines/spec" }}' in out
+    assert not eng.exists()  # a dry run writes nothing
+
+
+def test_invalid_spec_fails_before_any_command(tmp_path: Path) -> None:
+    raw = yaml.safe_load((ROOT / "build" / "specs" / "smollm2-eagle.yaml").read_text())
+    del raw["speculative"]["eagle"]["head_dir"]
+    raw["parallel"] = {"tp_size": 2, "pp_size": 1, "gpus": 1}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    r = _cli("--spec", str(bad), "--dry-run")
+    assert r.returncode == 2
+    assert "needs speculative.eagle.head_dir" in r.stderr and "exceeds the 1 GPU(s)" in r.stderr
+    assert "trtllm-build" not in r.stdout

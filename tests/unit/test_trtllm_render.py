@@ -1,0 +1,114 @@
+"""Both repository variants render from the ONE renderer, parse with Triton's own protobuf, and expose
+the identical engine contract to spec_gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from build.render_repository import MODELS, engine_tensor_values, render
+from build.trtllm.commands import Layout
+from build.trtllm.render import eagle_choices_param, render_values
+from build.trtllm.spec import load_spec
+from specgate.contract import ENGINE_INPUTS, ENGINE_OUTPUTS
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINES = ("target_engine", "spec_engine")
+SPEC_NAMES = ("eagle", "draft", "ngram")
+
+
+def _parse(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def _render_cpu(out: Path) -> dict[str, model_config_pb2.ModelConfig]:
+    values = {
+        "tokenizer_dir": "/tok", "max_input_len": "2047", "max_output_len": "1024", "end_id": "2",
+        "policy_path": "/policy.yaml", "text_instances": "2", "engine_max_batch_size": "8",
+        "engine_extra_parameters": "", **engine_tensor_values(with_extensions=True),
+    }  # fmt: skip
+    per_model = {e: {"engine_config": f"/{e}.json"} for e in ENGINES}
+    return {p.parent.name: _parse(p) for p in render("cpu", values, out, per_model)}
+
+
+def _render_trtllm(out: Path, name: str = "eagle") -> dict[str, model_config_pb2.ModelConfig]:
+    spec = load_spec(ROOT / "build" / "specs" / f"smollm2-{name}.yaml", ROOT)
+    values, per_model = render_values(spec, Layout(Path("/art/trtllm") / spec.name), Path("/policy.yaml"))
+    return {p.parent.name: _parse(p) for p in render("trtllm", values, out, per_model)}
+
+
+def _params(cfg: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, model_config_pb2.ModelConfig]:
+    return _render_cpu(tmp_path_factory.mktemp("cpu") / "repo")
+
+
+@pytest.fixture(scope="module")
+def trt(tmp_path_factory: pytest.TempPathFactory) -> dict[str, model_config_pb2.ModelConfig]:
+    return _render_trtllm(tmp_path_factory.mktemp("trt") / "repo")
+
+
+def test_every_model_renders_and_parses(cpu, trt) -> None:
+    assert set(cpu) == set(trt) == set(MODELS)
+    assert {cpu[e].backend for e in ENGINES} == {"python"}
+    assert {trt[e].backend for e in ENGINES} == {"tensorrtllm"}
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_each_example_spec_renders(tmp_path: Path, name: str) -> None:
+    configs = _render_trtllm(tmp_path / "repo", name)
+    assert all(configs[e].model_transaction_policy.decoupled for e in ENGINES)  # streaming needs decoupled
+    assert not (tmp_path / "repo" / "spec_engine" / "1" / "model.py").exists()
+
+
+def _contract(cfg: model_config_pb2.ModelConfig) -> tuple[dict, dict]:
+    def sig(ts) -> dict:
+        # outputs have no `optional` field in ModelOutput
+        return {t.name: (model_config_pb2.DataType.Name(t.data_type), tuple(t.dims), getattr(t, "optional", False)) for t in ts}
+
+    return sig(cfg.input), sig(cfg.output)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_identical_engine_contract(cpu, trt, engine: str) -> None:
+    cpu_in, cpu_out = _contract(cpu[engine])
+    trt_in, trt_out = _contract(trt[engine])
+    assert cpu_in == trt_in
+    assert set(trt_in) == {t.name for t in ENGINE_INPUTS}
+    used = {t.name for t in ENGINE_OUTPUTS}  # what the gate reads; the CPU adds optional extensions
+    assert {k: cpu_out[k] for k in used} == {k: trt_out[k] for k in used}
+    assert cpu[engine].max_batch_size == trt[engine].max_batch_size
+    assert cpu[engine].model_transaction_policy.decoupled == trt[engine].model_transaction_policy.decoupled
+
+
+def test_unchanged_models_are_identical_across_variants(cpu, trt) -> None:
+    for model in ("llm", "spec_gate", "preprocessing", "postprocessing"):
+        assert cpu[model].backend == trt[model].backend
+        assert _contract(cpu[model]) == _contract(trt[model])
+
+
+def test_tensorrtllm_parameters(trt) -> None:
+    target, spec = _params(trt["target_engine"]), _params(trt["spec_engine"])
+    for p in (target, spec):
+        assert p["gpt_model_type"] == "inflight_fused_batching" and p["max_beam_width"] == "1"
+        assert p["exclude_input_in_output"] == "true" and p["kv_cache_free_gpu_mem_fraction"] == "0.4"
+    assert target["gpt_model_path"] == "/art/trtllm/smollm2-eagle/engines/target"
+    assert spec["gpt_model_path"] == "/art/trtllm/smollm2-eagle/engines/spec"
+    assert target["decoding_mode"] == "top_k_top_p" and spec["decoding_mode"] == "eagle"
+    assert spec["eagle_choices"].startswith("{0}, {1}, {2}, {3}, {0, 0}") and "eagle_choices" not in target
+
+
+def test_lookahead_parameters(tmp_path: Path) -> None:
+    p = _params(_render_trtllm(tmp_path / "repo", "ngram")["spec_engine"])
+    assert p["decoding_mode"] == "lookahead"
+    assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == ("4", "3", "4")
+
+
+def test_eagle_choices_format() -> None:
+    assert eagle_choices_param([[0, 0, 0], [0, 1]]) == "{0, 0, 0}, {0, 1}"  # docs/model_config.md
