@@ -65,7 +65,11 @@ def _check_inputs(spec: BuildSpec, examples: Path) -> None:
     needed += [sp.draft_hf_dir] if sp.draft_hf_dir else []
     missing = [str(p) for p in needed if not Path(p).exists()]
     if missing:
-        raise SystemExit("[trtllm] missing inputs:\n  " + "\n  ".join(missing))
+        raise SystemExit(
+            "[trtllm] missing inputs:\n  " + "\n  ".join(missing) + "\n(SmolLM2 is fetched and converted by "
+            f"`make build-engines` (ENGINE=cpu); the conversion scripts come from a TensorRT-LLM {TRTLLM_TAG} checkout, "
+            "see docs/trtllm.md)"
+        )
 
 
 def build(spec: BuildSpec, artifacts: Path, out_dir: Path, policy: Path, examples: Path, dry_run: bool) -> list[Path]:

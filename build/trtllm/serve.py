@@ -1,0 +1,45 @@
+"""The tritonserver command for the tensorrtllm repository in the NGC image.
+
+Two tensorrtllm models (target_engine, spec_engine) in one repository need the backend's orchestrator
+mode, exactly what triton_backend/scripts/launch_triton_server.py does for `--multi-model`:
+TRTLLM_ORCHESTRATOR=1, spawned workers (so the launch itself is world size 1, `mpirun -n 1`; a model
+with tp*pp > 1 gets its ranks spawned on its `gpu_device_ids`), no pinned/CUDA memory pools, no peer
+access, and a per-rank python shm prefix. On top: the gate's header forwarding and the project's ports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specgate.launcher import HEADER_PATTERN, Ports
+
+TRITONSERVER = "/opt/tritonserver/bin/tritonserver"  # launch_triton_server.py's default
+
+
+def server_env(repo_root: Path) -> dict[str, str]:
+    """Environment additions: orchestrator mode, and where the Python-backend models import specgate from."""
+    return {
+        "TRTLLM_ORCHESTRATOR": "1",
+        "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1",
+        "SPECGATE_PYTHONPATH": str(repo_root / "python_backend"),
+    }
+
+
+def server_command(repo: Path, ports: Ports, gpus: int, tritonserver: str = TRITONSERVER) -> list[str]:
+    return [
+        "mpirun", "--allow-run-as-root", "-n", "1",
+        tritonserver,
+        f"--model-repository={repo}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        "--allow-metrics=true",
+        f"--http-header-forward-pattern={HEADER_PATTERN}",
+        f"--grpc-header-forward-pattern={HEADER_PATTERN}",
+        # launch_triton_server.py add_multi_model_config(): spawned workers own the GPUs
+        "--pinned-memory-pool-byte-size=0",
+        "--enable-peer-access=false",
+        *[f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(gpus)],
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+    ]  # fmt: skip
