@@ -16,11 +16,10 @@ from torch import Tensor
 
 from specgate.speculative.drafter import DraftTree
 from specgate.speculative.verify import verify_greedy, verify_sampling
+from tests.unit.stat_helpers import passes_chi2
 
 V = 6
 TRIALS = 12_000
-# Chi-square critical value for V*V - 1 = 35 degrees of freedom at alpha = 0.001 (scipy.stats.chi2.ppf(0.999, 35)).
-CHI2_CRIT_35 = 66.62
 
 Verifier = Callable[[DraftTree, Tensor, torch.Generator], tuple[list[int], int]]
 
@@ -77,11 +76,6 @@ def _pair_counts(draft: Callable, verify: Verifier, seed: int) -> tuple[Tensor, 
     return counts, p0.unsqueeze(1) * p1
 
 
-def _chi2(counts: Tensor, expected_p: Tensor) -> float:
-    expected = expected_p * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
 def _accept_all(tree: DraftTree, probs: Tensor, gen: torch.Generator) -> tuple[list[int], int]:
     """WRONG on purpose: follows the first child to a leaf without any test, then samples p there."""
     children, path, row = tree.children(), [], 0
@@ -96,14 +90,12 @@ DRAFTS = {"chain": _sampled_chain, "tree": _sampled_tree, "topk_tree": _topk_tre
 
 @pytest.mark.parametrize("shape", DRAFTS)
 def test_sampling_matches_target(shape: str) -> None:
-    counts, expected = _pair_counts(DRAFTS[shape], verify_sampling, seed=0)
-    assert _chi2(counts, expected) < CHI2_CRIT_35
+    assert passes_chi2(*_pair_counts(DRAFTS[shape], verify_sampling, seed=0))
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_wrong_verifier_is_detected(shape: str) -> None:
-    counts, expected = _pair_counts(DRAFTS[shape], _accept_all, seed=0)
-    assert _chi2(counts, expected) > CHI2_CRIT_35
+    assert not passes_chi2(*_pair_counts(DRAFTS[shape], _accept_all, seed=0))
 
 
 def test_greedy_follows_argmax_path_and_adds_bonus() -> None:
