@@ -17,6 +17,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from build.trtllm.build import ROOT, build
+from build.trtllm.build import ROOT, add_arguments, build
 from build.trtllm.serve import server_command, server_env
 from build.trtllm.spec import BuildSpec, load_spec
 from specgate.client import GenerateParams, HttpClient
@@ -131,10 +132,9 @@ def smoke(spec: BuildSpec, ports: Ports, max_tokens: int, failures: list[str]) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # lookahead needs no extra weights, so the default smoke runs on a fresh machine; pass an EAGLE spec
-    # once its head is converted (docs/trtllm.md)
-    ap.add_argument("--spec", type=Path, default=ROOT / "build" / "specs" / "smollm2-ngram.yaml")
+    # once its head is exported (docs/trtllm.md)
+    add_arguments(ap, default_spec=ROOT / "build" / "specs" / "smollm2-ngram.yaml")
     ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
-    ap.add_argument("--trtllm-examples", type=Path, default=Path(os.environ.get("TRTLLM_EXAMPLES", ROOT / "artifacts" / "TensorRT-LLM" / "examples")))
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
@@ -142,15 +142,19 @@ def main() -> None:
     args = ap.parse_args()
 
     spec = load_spec(args.spec, ROOT)
-    out = args.artifacts / "gpu-smoke"
-    build(spec, args.artifacts, out, ROOT / "policy" / "default.yaml", args.trtllm_examples, dry_run=False)
+    out = (args.artifacts / "gpu-smoke").resolve()
+    build(spec, args.artifacts, out, ROOT / "policy" / "default.yaml", args.trtllm_examples, args.trtllm_python, args.dry_run)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    cmd = server_command(out / "model_repository", ports, spec.parallel.gpus)
+    env = server_env(ROOT)
+    print("[gpu-smoke] server: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return
     out.mkdir(parents=True, exist_ok=True)
     log = out / "tritonserver.log"
-    cmd = server_command((out / "model_repository").resolve(), ports, spec.parallel.gpus)
-    print(f"[gpu-smoke] starting: {' '.join(cmd)}\n[gpu-smoke] log: {log}", flush=True)
+    print(f"[gpu-smoke] log: {log}", flush=True)
     with open(log, "w") as log_f:
-        proc = subprocess.Popen(cmd, env={**os.environ, **server_env(ROOT)}, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
     failures: list[str] = []
     try:
         wait_ready(proc, ports, timeout_s=900)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,13 +26,18 @@ from build.trtllm.spec import BuildSpec, SpecError, load_spec
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
+def add_arguments(ap: argparse.ArgumentParser, default_spec: Path = ROOT / "build" / "specs" / "smollm2-eagle.yaml") -> None:
     g = ap.add_argument_group("ENGINE=trtllm")
-    g.add_argument("--spec", type=Path, default=ROOT / "build" / "specs" / "smollm2-eagle.yaml", help="build spec (YAML)")
+    g.add_argument("--spec", type=Path, default=default_spec, help="build spec (YAML)")
     g.add_argument("--dry-run", action="store_true", help="print the commands and rendered configs; run nothing")
     g.add_argument(
         "--trtllm-examples", type=Path, default=Path(os.environ.get("TRTLLM_EXAMPLES", ROOT / "artifacts" / "TensorRT-LLM" / "examples")),
         help=f"examples/ of a TensorRT-LLM {TRTLLM_TAG} checkout (conversion scripts); default $TRTLLM_EXAMPLES",
+    )
+    g.add_argument(
+        "--trtllm-python", default=os.environ.get("TRTLLM_PYTHON", "python3"),
+        help="interpreter with tensorrt_llm installed, for the conversion scripts (default $TRTLLM_PYTHON or python3; "
+        "the image's system Python, not the project venv)",
     )
 
 
@@ -57,6 +63,15 @@ def _run(step: Step) -> None:
     print(f"[trtllm] {step.name} done in {time.monotonic() - t0:.0f}s", flush=True)
 
 
+def _check_tools(python: str) -> None:
+    """Fail before the first (long) step when TensorRT-LLM is not where the commands expect it."""
+    if shutil.which("trtllm-build") is None:
+        raise SystemExit(f"[trtllm] trtllm-build is not on PATH: run inside {NGC_IMAGE}")
+    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorrt_llm') is None)"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        raise SystemExit(f"[trtllm] {python} cannot import tensorrt_llm: pass --trtllm-python (the image's /usr/bin/python3)")
+
+
 def _check_inputs(spec: BuildSpec, examples: Path) -> None:
     """Fail before the first (long) step when an input is missing."""
     sp = spec.speculative
@@ -72,9 +87,22 @@ def _check_inputs(spec: BuildSpec, examples: Path) -> None:
         )
 
 
-def build(spec: BuildSpec, artifacts: Path, out_dir: Path, policy: Path, examples: Path, dry_run: bool) -> list[Path]:
+def _stamp(spec: BuildSpec, layout: Layout) -> None:
+    """Existing outputs are reused, so refuse to mix them with a different spec under the same name."""
+    stamp = layout.root / "spec.json"
+    current = spec.model_dump_json(indent=2)
+    if stamp.exists() and stamp.read_text() != current:
+        raise SystemExit(f"[trtllm] {layout.root} was built from a different spec named {spec.name!r}: "
+                         f"remove it or give the spec a new name")  # fmt: skip
+    layout.root.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(current)
+
+
+def build(
+    spec: BuildSpec, artifacts: Path, out_dir: Path, policy: Path, examples: Path, python: str, dry_run: bool
+) -> list[Path]:
     layout = Layout(artifacts.resolve() / "trtllm" / spec.name)
-    steps = plan(spec, layout, examples.resolve())
+    steps = plan(spec, layout, examples.resolve(), python)
     values, per_model = render_values(spec, layout, policy.resolve())
     print(f"[trtllm] spec {spec.name}: method {spec.speculative.method}, TensorRT-LLM {TRTLLM_VERSION}, "
           f"tp {spec.parallel.tp_size} x pp {spec.parallel.pp_size}", flush=True)  # fmt: skip
@@ -87,7 +115,9 @@ def build(spec: BuildSpec, artifacts: Path, out_dir: Path, policy: Path, example
             for cfg in render("trtllm", values, Path(tmp) / "model_repository", per_model):
                 print(f"# ---- {out_dir / 'model_repository' / cfg.parent.name / 'config.pbtxt'}\n{cfg.read_text()}")
         return []
+    _check_tools(python)
     _check_inputs(spec, examples)
+    _stamp(spec, layout)
     for step in steps:
         _run(step)
     written = render("trtllm", values, out_dir / "model_repository", per_model)
@@ -105,4 +135,4 @@ def run_from_args(args: argparse.Namespace) -> None:
     artifacts: Path = args.artifacts
     out_dir = getattr(args, "out_dir", None) or artifacts
     policy = args.policy or ROOT / "policy" / "default.yaml"
-    build(spec, artifacts, out_dir, policy, args.trtllm_examples, args.dry_run)
+    build(spec, artifacts, out_dir, policy, args.trtllm_examples, args.trtllm_python, args.dry_run)

@@ -9,6 +9,8 @@ access, and a per-rank python shm prefix. On top: the gate's header forwarding a
 
 from __future__ import annotations
 
+import os
+import sysconfig
 from pathlib import Path
 
 from specgate.launcher import HEADER_PATTERN, Ports
@@ -17,11 +19,15 @@ TRITONSERVER = "/opt/tritonserver/bin/tritonserver"  # launch_triton_server.py's
 
 
 def server_env(repo_root: Path) -> dict[str, str]:
-    """Environment additions: orchestrator mode, and where the Python-backend models import specgate from."""
+    """Environment additions: orchestrator mode, and where the Python-backend models import specgate and its
+    dependencies from (this interpreter's site-packages, as specgate.launcher does; the image's stub is the
+    same Python version as a venv made from the image's python3). Unlike the launcher it leaves
+    LD_LIBRARY_PATH alone: the image's CUDA libraries must win."""
+    paths = [str(repo_root / "python_backend"), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
     return {
         "TRTLLM_ORCHESTRATOR": "1",
         "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1",
-        "SPECGATE_PYTHONPATH": str(repo_root / "python_backend"),
+        "SPECGATE_PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
     }
 
 

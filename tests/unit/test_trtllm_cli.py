@@ -1,4 +1,5 @@
-"""`python -m build.build_engines --engine trtllm --dry-run` runs without a GPU or TensorRT-LLM."""
+"""`python -m build.build_engines --engine trtllm`: --dry-run runs without a GPU or TensorRT-LLM; real runs
+resume from complete step outputs and refuse outputs of a different spec."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+from build.trtllm.build import _run, _stamp
+from build.trtllm.commands import Layout, Step
+from build.trtllm.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +49,20 @@ def test_invalid_spec_fails_before_any_command(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "needs speculative.eagle.head_dir" in r.stderr and "exceeds the 1 GPU(s)" in r.stderr
     assert "trtllm-build" not in r.stdout
+
+
+def test_steps_publish_complete_outputs_and_resume(tmp_path: Path) -> None:
+    out = tmp_path / "engine"
+    make = Step("make", [sys.executable, "-c", "import os, sys; os.makedirs(sys.argv[1])", str(out)], out)
+    _run(make)
+    assert out.is_dir() and not (tmp_path / "engine.partial").exists()
+    _run(Step("fail", [sys.executable, "-c", "raise SystemExit(3)"], out))  # skipped: output exists
+
+
+def test_spec_stamp_refuses_a_changed_spec(tmp_path: Path) -> None:
+    spec = load_spec(ROOT / "build" / "specs" / "smollm2-ngram.yaml", ROOT)
+    layout = Layout(tmp_path / "smollm2-ngram")
+    _stamp(spec, layout)
+    _stamp(spec, layout)  # same spec: fine
+    with pytest.raises(SystemExit, match="different spec"):
+        _stamp(spec.model_copy(update={"max_batch_size": 4}), layout)
