@@ -29,5 +29,7 @@ SOURCES = {
     "(target built with --speculative_decoding_mode draft_tokens_external --max_draft_len)",
     "tensorrt_llm model": "triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt and "
     "triton_backend/inflight_batcher_llm/src/model_instance_state.cc (parameter names, decoding_mode values)",
+    "contract tensor names": "triton_backend/inflight_batcher_llm/src/utils.h (InputFieldsNames, OutputFieldsNames)",
+    "eagle_choices format": "triton_backend/inflight_batcher_llm/src/utils.cc (csvStrToVecVecInt)",
     "multi-model launch": "triton_backend/scripts/launch_triton_server.py (--multi-model: TRTLLM_ORCHESTRATOR=1)",
 }

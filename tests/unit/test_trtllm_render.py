@@ -110,5 +110,18 @@ def test_lookahead_parameters(tmp_path: Path) -> None:
     assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == ("4", "3", "4")
 
 
+def _backend_parse(text: str) -> list[list[int]]:
+    """A port of the backend's utils::csvStrToVecVecInt (split on '}', drop one leading '{', then ',')."""
+    out, rest = [], text
+    while "}" in rest:
+        item, rest = rest.split("}", 1)
+        item = item.strip().lstrip(",").strip()
+        out.append([int(x) for x in item.removeprefix("{").split(",")])
+    return out
+
+
 def test_eagle_choices_format() -> None:
     assert eagle_choices_param([[0, 0, 0], [0, 1]]) == "{0, 0, 0}, {0, 1}"  # docs/model_config.md
+    spec = load_spec(ROOT / "build" / "specs" / "smollm2-eagle.yaml", ROOT)
+    choices = spec.speculative.eagle.eagle_choices
+    assert _backend_parse(eagle_choices_param(choices)) == choices  # no outer braces: the parser drops only one
