@@ -133,6 +133,6 @@ def run_from_args(args: argparse.Namespace) -> None:
         print(exc, file=sys.stderr)
         raise SystemExit(2) from None
     artifacts: Path = args.artifacts
-    out_dir = getattr(args, "out_dir", None) or artifacts
+    out_dir = getattr(args, "out_dir", None) or artifacts  # --out-dir belongs to the CPU parser, when present
     policy = args.policy or ROOT / "policy" / "default.yaml"
     build(spec, artifacts, out_dir, policy, args.trtllm_examples, args.trtllm_python, args.dry_run)
