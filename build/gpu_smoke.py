@@ -5,7 +5,8 @@ Run inside the NGC image (docs/trtllm.md). Steps:
   2. start tritonserver in the backend's orchestrator mode (build/trtllm/serve.py);
   3. greedy requests: (a) straight to target_engine and spec_engine over gRPC, same prompt ids ->
      the token ids must be identical; (b) through `llm` over HTTP generate with the body field
-     "x-speculative-decoding": "off" and "prod" -> same text, routes baseline / speculative;
+     "x-speculative-decoding": "off" and "prod" -> same text, routes baseline / speculative, and the
+     same text again over generate_stream;
   4. read the gate's metrics from the metrics port (drafted / accepted tokens, decisions).
 Exit 0 only when every check passes.
 """
@@ -24,11 +25,11 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 
 from build.trtllm.build import ROOT, add_arguments, build
 from build.trtllm.serve import server_command, server_env
 from build.trtllm.spec import BuildSpec, load_spec
-from specgate.client import GenerateParams, HttpClient
 from specgate.launcher import Ports, stop, wait_ready
 
 PROMPTS = ["Write a haiku about the sea.", "List three uses of a paperclip."]
@@ -37,7 +38,6 @@ METRICS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
 
 def engine_tokens(url: str, model: str, ids: list[int], max_tokens: int, end_id: int) -> tuple[list[int], int, int]:
     """One greedy request to a (decoupled) engine over gRPC: (output ids, draft tokens, accepted)."""
-    import tritonclient.grpc as grpcclient
 
     def tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
         t = grpcclient.InferInput(name, list(value.shape), dtype)
@@ -81,9 +81,41 @@ def engine_tokens(url: str, model: str, ids: list[int], max_tokens: int, end_id:
 def prompt_ids(http: str, prompt: str) -> list[int]:
     """Tokenize with the served preprocessing model, so both engines see exactly what the gate sends."""
     body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [prompt]}], "outputs": [{"name": "input_ids"}]}
-    req = urllib.request.Request(f"http://{http}/v2/models/preprocessing/infer", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(_post(f"http://{http}/v2/models/preprocessing/infer", body), timeout=60) as r:
         return [int(t) for t in json.loads(r.read())["outputs"][0]["data"]]
+
+
+def _post(url: str, body: dict) -> urllib.request.Request:
+    return urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+
+def _text(v: object) -> str:
+    """Triton's generate JSON gives a one-element tensor as a scalar, a longer one as a list."""
+    return "".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def generate(http: str, prompt: str, max_tokens: int, spec_mode: str) -> dict[str, str]:
+    """HTTP generate on `llm`; the header travels as a body field (2.51 forwards no generate headers)."""
+    body = {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0.0, "x-speculative-decoding": spec_mode}
+    with urllib.request.urlopen(_post(f"http://{http}/v2/models/llm/generate", body), timeout=300) as r:
+        out = json.loads(r.read())
+    return {k: _text(out.get(k, "")) for k in ("text_output", "route", "gate_reason")}
+
+
+def generate_stream_text(http: str, prompt: str, max_tokens: int, spec_mode: str) -> tuple[str, int]:
+    """HTTP generate_stream (SSE) on `llm`: (concatenated text_output, number of events)."""
+    body = {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True, "x-speculative-decoding": spec_mode}
+    text, events = "", 0
+    with urllib.request.urlopen(_post(f"http://{http}/v2/models/llm/generate_stream", body), timeout=300) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data:"):
+                event = json.loads(line[len("data:"):])
+                if "error" in event:
+                    raise RuntimeError(f"generate_stream: {event['error']}")
+                text += _text(event.get("text_output", ""))
+                events += 1
+    return text, events
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -108,8 +140,6 @@ def check(ok: bool, what: str, failures: list[str]) -> None:
 def smoke(spec: BuildSpec, ports: Ports, max_tokens: int, failures: list[str]) -> None:
     http, grpc = f"localhost:{ports.http}", f"localhost:{ports.grpc}"
     expect_drafts = spec.speculative.method != "draft_model"  # no orchestrator feeds draft_input_ids
-    client = HttpClient(http, timeout_s=300)
-    params = GenerateParams(max_tokens=max_tokens, temperature=0.0)
     for prompt in PROMPTS:
         ids = prompt_ids(http, prompt)
         base, _, _ = engine_tokens(grpc, "target_engine", ids, max_tokens, spec.end_id)
@@ -117,11 +147,13 @@ def smoke(spec: BuildSpec, ports: Ports, max_tokens: int, failures: list[str]) -
         same = next((i for i, (a, b) in enumerate(zip(base, spec_out)) if a != b), min(len(base), len(spec_out)))
         check(base == spec_out, f"engines token-identical for {prompt!r} ({len(base)} tokens; first difference at {same})", failures)
         check(drafted > 0 or not expect_drafts, f"spec_engine drafted {drafted} tokens, accepted {accepted}", failures)
-        off = client.generate(prompt, params, spec_mode="off")
-        prod = client.generate(prompt, params, spec_mode="prod")
-        check(off.meta.get("route") == "baseline", f"x-speculative-decoding=off -> route {off.meta.get('route')!r}", failures)
-        check(prod.meta.get("route") == "speculative", f"x-speculative-decoding=prod -> route {prod.meta.get('route')!r} ({prod.meta.get('gate_reason')})", failures)
-        check(off.text == prod.text, f"llm text identical across routes ({len(off.text)} chars)", failures)
+        off = generate(http, prompt, max_tokens, "off")
+        prod = generate(http, prompt, max_tokens, "prod")
+        check(off.get("route") == "baseline", f"x-speculative-decoding=off -> route {off.get('route')!r}", failures)
+        check(prod.get("route") == "speculative", f"x-speculative-decoding=prod -> route {prod.get('route')!r} ({prod.get('gate_reason')})", failures)
+        check(off["text_output"] == prod["text_output"], f"llm text identical across routes ({len(off['text_output'])} chars)", failures)
+        streamed, events = generate_stream_text(http, prompt, max_tokens, "prod")  # decoupled engine, streamed
+        check(streamed == prod["text_output"], f"generate_stream text equals generate text ({events} events)", failures)
     with urllib.request.urlopen(f"http://localhost:{ports.metrics}/metrics", timeout=10) as r:
         metrics = parse_metrics(r.read().decode())
     print(f"[gpu-smoke] gate metrics: {metrics}", flush=True)
