@@ -22,7 +22,8 @@ def build_cpu(args: argparse.Namespace) -> None:
     gguf = fetch_model.fetch_gguf(art / "downloads")
     ckpt = art / "checkpoints" / "smollm2-135m-instruct"
     fetch_model.convert(gguf, ckpt)
-    eng_dir = art / "engines" / "cpu"
+    out_root = (args.out_dir or art).resolve()
+    eng_dir = out_root / "engines" / "cpu"
     eng_dir.mkdir(parents=True, exist_ok=True)
     common = {
         "checkpoint_dir": str(ckpt),
@@ -48,7 +49,7 @@ def build_cpu(args: argparse.Namespace) -> None:
         "engine_extra_parameters": "",
         **engine_tensor_values(with_extensions=True),
     }
-    out = art / "model_repository"
+    out = out_root / "model_repository"
     per_model = {"target_engine": {"engine_config": str(target_cfg)}, "spec_engine": {"engine_config": str(spec_cfg)}}
     render("cpu", values, out, per_model)
     print(f"[build-engines] rendered model repository: {out}", flush=True)
@@ -58,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=["cpu", "trtllm"], default="cpu")
     ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    ap.add_argument("--out-dir", type=Path, default=None, help="where engine configs + model_repository go (default: --artifacts)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--max-output-len", type=int, default=1024)

@@ -91,6 +91,7 @@ LLM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("num_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("num_accepted_tokens", "TYPE_INT32", (1,)),
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("num_output_tokens", "TYPE_INT32", (1,)),  # so clients can compute tokens/s and TPOT
 )
 
 # Request parameters that Triton fills from headers (gRPC) or body fields (HTTP generate).

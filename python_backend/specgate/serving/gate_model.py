@@ -143,5 +143,6 @@ class GateModel:
                 tensor("num_draft_tokens", [s.draft_tokens], np.int32),
                 tensor("num_accepted_tokens", [s.accepted_tokens], np.int32),
                 tensor("acceptance_rate", [s.acceptance_rate], np.float32),
+                tensor("num_output_tokens", [len(ids)], np.int32),
             ]
         )

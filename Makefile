@@ -1,0 +1,62 @@
+# specgate: speculative decoding behind Triton. `make serve` and `make test` are all a new user needs.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+ENGINE ?= cpu
+DTYPE ?= bfloat16
+SPEC ?= build/specs/smollm2-eagle.yaml
+STAMP := $(VENV)/.installed
+
+.PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching loadtest train-eagle gpu-smoke clean
+
+setup: $(STAMP)  ## create .venv and install everything (idempotent)
+
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+build-engines: setup  ## ENGINE=cpu (default) | trtllm
+ifeq ($(ENGINE),cpu)
+	$(VPY) -m build.build_engines --engine cpu --dtype $(DTYPE)
+else
+	$(VPY) -m build.build_engines --engine $(ENGINE) --spec $(SPEC)
+endif
+
+serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics)
+	$(VPY) -m specgate.launcher
+
+test: build-engines  ## unit + integration tests (starts its own tritonserver on ports 18000-18002)
+	$(VPY) -m pytest -q
+
+test-unit: setup
+	$(VPY) -m pytest -q tests/unit
+
+bench-baseline: build-engines  ## engine in-process vs through Triton vs transformers generate
+	$(VPY) -m build.bench.baseline
+
+bench-engine: build-engines  ## speculative algorithms: acceptance, accepted/step, TPOT, speedup, memory
+	$(VPY) -m build.bench.engine
+
+bench-gate: build-engines  ## gate decision latency and end-to-end overhead
+	$(VPY) -m build.bench.gate
+
+bench-batching: build-engines  ## batched vs unbatched baseline vs speculative at concurrency 1-8
+	$(VPY) -m build.bench.batching
+
+bench: bench-baseline bench-engine bench-gate bench-batching
+
+loadtest: setup  ## Locust against a running server (make serve)
+	$(VPY) -m loadtest.run
+
+train-eagle: build-engines  ## train the EAGLE head on CPU (resumes; never run in CI)
+	$(VPY) -m pip install --quiet -e '.[train]'
+	$(VPY) -m build.train_eagle $(TRAIN_ARGS)
+
+gpu-smoke:  ## on a GPU machine with TensorRT-LLM (see docs/trtllm.md)
+	$(VPY) -m build.gpu_smoke --spec $(SPEC)
+
+clean:  ## remove build outputs (keeps downloads)
+	rm -rf artifacts/model_repository artifacts/engines artifacts/test-*

@@ -1,0 +1,215 @@
+"""Client for the `llm` entry point over HTTP generate / generate_stream and gRPC streaming.
+
+Used by the CLI (`clients/generate.py`), the tests, the benchmarks and the load tests, so every caller
+speaks to the server the same way. gRPC goes through `tritonclient`. tritonclient has no support for
+Triton's HTTP generate extension, so that path is a small `requests` + SSE reader written here.
+
+Headers: gRPC sends `x-api-key` / `x-speculative-decoding` as real headers (forwarded by
+`--grpc-header-forward-pattern`). Triton 2.51 does not forward headers on HTTP generate, so there
+they travel as body fields of the same name, which Triton turns into request parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import requests
+
+META = ("route", "gate_reason", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_output_tokens")
+
+
+class ServerError(RuntimeError):
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Chunk:
+    text: str
+    meta: dict[str, Any]
+    t: float  # seconds since the request was sent
+
+
+@dataclass
+class Result:
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text for c in self.chunks)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.chunks[-1].meta if self.chunks else {}
+
+    @property
+    def ttft(self) -> float:
+        return next((c.t for c in self.chunks if c.text), float("nan"))
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] | None = None
+    apply_chat_template: bool = True
+    use_speculative_decoding: bool | None = None
+    speculative_algorithm: str | None = None
+    num_speculative_tokens: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def _headers(api_key: str | None, spec_mode: str | None) -> dict[str, str]:
+    h = {}
+    if api_key is not None:
+        h["x-api-key"] = api_key
+    if spec_mode is not None:
+        h["x-speculative-decoding"] = spec_mode
+    return h
+
+
+class HttpClient:
+    def __init__(self, url: str = "localhost:8000", model: str = "llm", timeout_s: float = 600) -> None:
+        self.base = url if url.startswith("http") else f"http://{url}"
+        self.model, self.timeout_s = model, timeout_s
+        self.session = requests.Session()
+
+    def _body(self, prompt: str, p: GenerateParams, stream: bool, api_key: str | None, spec_mode: str | None) -> dict:
+        return {"text_input": prompt, "stream": stream, **p.fields(), **_headers(api_key, spec_mode)}
+
+    def generate(self, prompt: str, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None) -> Result:
+        t0 = time.perf_counter()
+        r = self.session.post(f"{self.base}/v2/models/{self.model}/generate", json=self._body(prompt, p, False, api_key, spec_mode), timeout=self.timeout_s)
+        if r.status_code != 200:
+            raise ServerError(_error_text(r.text), r.status_code)
+        d = r.json()
+        return Result([Chunk(_as_text(d["text_output"]), {k: _scalar(d.get(k)) for k in META}, time.perf_counter() - t0)])
+
+    def stream(self, prompt: str, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None) -> Iterator[Chunk]:
+        t0 = time.perf_counter()
+        with self.session.post(
+            f"{self.base}/v2/models/{self.model}/generate_stream",
+            json=self._body(prompt, p, True, api_key, spec_mode),
+            stream=True,
+            timeout=self.timeout_s,
+        ) as r:
+            for line in r.iter_lines(decode_unicode=False):
+                if not line.startswith(b"data:"):
+                    continue
+                d = json.loads(line[5:])
+                if "error" in d:
+                    raise ServerError(d["error"], r.status_code)
+                yield Chunk(_as_text(d["text_output"]), {k: _scalar(d.get(k)) for k in META}, time.perf_counter() - t0)
+            if r.status_code != 200:
+                raise ServerError(f"HTTP {r.status_code}", r.status_code)
+
+
+class GrpcClient:
+    def __init__(self, url: str = "localhost:8001", model: str = "llm") -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.g = grpcclient
+        self.url, self.model = url, model
+
+    def _inputs(self, prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
+        specs: list[tuple[str, Any, str]] = [
+            ("text_input", np.array([prompt if isinstance(prompt, bytes) else prompt.encode()], dtype=np.object_), "BYTES"),
+            ("max_tokens", np.array([p.max_tokens], np.int32), "INT32"),
+            ("temperature", np.array([p.temperature], np.float32), "FP32"),
+            ("top_p", np.array([p.top_p], np.float32), "FP32"),
+            ("top_k", np.array([p.top_k], np.int32), "INT32"),
+            ("stream", np.array([stream], np.bool_), "BOOL"),
+            ("apply_chat_template", np.array([p.apply_chat_template], np.bool_), "BOOL"),
+        ]
+        if p.seed is not None:
+            specs.append(("seed", np.array([p.seed], np.int64), "INT64"))
+        if p.stop:
+            specs.append(("stop", np.array([s.encode() for s in p.stop], dtype=np.object_), "BYTES"))
+        if p.use_speculative_decoding is not None:
+            specs.append(("use_speculative_decoding", np.array([p.use_speculative_decoding], np.bool_), "BOOL"))
+        if p.speculative_algorithm is not None:
+            specs.append(("speculative_algorithm", np.array([p.speculative_algorithm.encode()], dtype=np.object_), "BYTES"))
+        if p.num_speculative_tokens is not None:
+            specs.append(("num_speculative_tokens", np.array([p.num_speculative_tokens], np.int32), "INT32"))
+        inputs = []
+        for name, arr, dt in specs:
+            t = self.g.InferInput(name, list(arr.shape), dt)
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+        return inputs
+
+    def stream(
+        self,
+        prompt: str | bytes,
+        p: GenerateParams,
+        api_key: str | None = None,
+        spec_mode: str | None = None,
+        stream: bool = True,
+        raw_inputs: list[Any] | None = None,
+    ) -> Iterator[Chunk]:
+        """gRPC bidirectional streaming (the only way to call a decoupled model over gRPC)."""
+        q: queue.Queue = queue.Queue()
+        client = self.g.InferenceServerClient(self.url)
+        t0 = time.perf_counter()
+        client.start_stream(callback=lambda result, error: q.put((result, error)), headers=_headers(api_key, spec_mode))
+        try:
+            client.async_stream_infer(
+                self.model,
+                raw_inputs if raw_inputs is not None else self._inputs(prompt, p, stream),
+                enable_empty_final_response=True,
+            )
+            while True:
+                result, error = q.get(timeout=600)
+                if error is not None:
+                    raise ServerError(str(error))
+                resp = result.get_response()
+                if resp.outputs:
+                    out = result.as_numpy("text_output")
+                    yield Chunk(
+                        b"".join(out.reshape(-1)).decode(),
+                        {k: _scalar(result.as_numpy(k)) for k in META},
+                        time.perf_counter() - t0,
+                    )
+                if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            client.stop_stream()
+            client.close()
+
+    def generate(self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True) -> Result:
+        return Result(list(self.stream(prompt, p, api_key, spec_mode, stream=stream)))
+
+
+def collect(chunks: Iterator[Chunk]) -> Result:
+    return Result(list(chunks))
+
+
+def _as_text(v: Any) -> str:
+    return "".join(v) if isinstance(v, list) else str(v)
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        v = v.reshape(-1)[0] if v.size else None
+        return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
+    if isinstance(v, list):
+        return v[0] if v else None
+    return v
+
+
+def _error_text(body: str) -> str:
+    try:
+        return json.loads(body).get("error", body)
+    except ValueError:
+        return body

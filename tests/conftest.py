@@ -1,0 +1,63 @@
+"""Shared fixtures. Integration tests run against ONE real tritonserver per session, started here on
+ports 18000-18002 (so a `make serve` on the default ports can keep running) with an fp32 repository,
+because token-identity checks need fp32 (bf16 argmax can flip between batch shapes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
+TEST_OUT = ROOT / "artifacts" / "test-fp32"
+
+
+def require_checkpoint() -> Path:
+    if not (CHECKPOINT / "model.safetensors").exists():
+        pytest.fail(f"no checkpoint at {CHECKPOINT}: run `make build-engines` (make test does it first)")
+    return CHECKPOINT
+
+
+@pytest.fixture(scope="session")
+def checkpoint() -> Path:
+    return require_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def server(checkpoint: Path):
+    """A real tritonserver on the rendered fp32 repository; yields its Ports."""
+    from specgate.launcher import Ports, start, stop, wait_ready
+
+    subprocess.run(
+        [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT),
+         "--policy", str(ROOT / "tests" / "integration" / "policy.yaml")],
+        cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+    )
+    ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))
+    proc = start(TEST_OUT / "model_repository", ports, log_file=TEST_OUT / "tritonserver.log")
+    try:
+        wait_ready(proc, ports)
+    except Exception:
+        stop(proc)
+        print((TEST_OUT / "tritonserver.log").read_text()[-5000:])
+        raise
+    yield ports
+    stop(proc)
+
+
+@pytest.fixture(scope="session")
+def http(server):
+    from specgate.client import HttpClient
+
+    return HttpClient(f"localhost:{server.http}")
+
+
+@pytest.fixture(scope="session")
+def grpc(server):
+    from specgate.client import GrpcClient
+
+    return GrpcClient(f"localhost:{server.grpc}")
