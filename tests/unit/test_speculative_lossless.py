@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from build.bench_drafters import greedy_decode
 from build.make_draft_model import DEFAULT_LAYERS, make_draft
 from specgate.engine.model import KVCache, Llama, load_llama
 from specgate.engine.sampling import SamplingParams, warp
@@ -73,23 +74,9 @@ def prompts(checkpoint: Path) -> list[list[int]]:
     return [tok.encode_prompt(t) for t in _subset(json.loads(PROMPTS.read_text()), NUM_PROMPTS)]
 
 
-def _greedy_reference(model: Llama, prompt: list[int], n: int) -> list[int]:
-    """Plain greedy decoding, one token per forward; stops at EOS (not emitted) or after n tokens."""
-    cache, slot = KVCache(model.cfg, 1, MAX_LEN, torch.float32), torch.zeros(1, dtype=torch.long)
-    hidden = model(torch.tensor([prompt]), cache, slot, torch.tensor([0]))
-    out: list[int] = []
-    while len(out) < n:
-        tok = int(model.logits(hidden[0, -1]).argmax())
-        if tok == model.cfg.eos_token_id:
-            break
-        out.append(tok)
-        hidden = model(torch.tensor([[tok]]), cache, slot, torch.tensor([len(prompt) + len(out) - 1]))
-    return out
-
-
 @pytest.fixture(scope="module")
 def reference(target: Llama, prompts: list[list[int]]) -> list[list[int]]:
-    return [_greedy_reference(target, p, NEW_TOKENS) for p in prompts]
+    return [greedy_decode(target, p, NEW_TOKENS, MAX_LEN) for p in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +184,7 @@ def test_sampling_first_token_follows_target(target, draft_llama, prompts, shape
         q = warp(_last_logits(draft_llama, ids), params)
         probs = p.expand(2 + 3, -1)  # rows past the root do not affect the first token
         counts = torch.zeros_like(p)
-        for _ in range(3000):
+        for _ in range(2000):
             if shape == "chain":
                 tree = DraftTree.chain(torch.multinomial(q, 1, generator=gen), q.unsqueeze(0))
             else:

@@ -55,6 +55,10 @@ class DraftTree:
     def __len__(self) -> int:
         return self.tokens.numel()
 
+    @property
+    def is_chain(self) -> bool:
+        return bool((self.parents == torch.arange(len(self)) - 1).all())
+
     def children(self) -> list[list[int]]:
         """children()[0] lists the root's children, children()[1 + i] node i's, in node order."""
         out: list[list[int]] = [[] for _ in range(len(self) + 1)]

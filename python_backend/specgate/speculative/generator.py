@@ -40,7 +40,11 @@ class SpecStream:
 
 
 class SpeculativeGenerator:
-    """Speculative decoding for one request at a time over `target`, with the given drafters."""
+    """Speculative decoding over `target` with the given drafters (name -> drafter).
+
+    One request at a time: the target cache and the drafters' state belong to the stream being
+    iterated, so run (or drop) one stream before starting the next one.
+    """
 
     def __init__(self, target: Llama, drafters: Mapping[str, Drafter], max_len: int) -> None:
         self.target = target
@@ -110,13 +114,15 @@ class SpeculativeGenerator:
             budget = min(k, self.max_len - cache_len - 1, max_new - len(out) - 1)
             tree = drafter.propose(tokens, features, budget)
             ids = torch.cat([torch.tensor([tokens[-1]]), tree.tokens]).unsqueeze(0)
+            # A chain is the model's default (causal mask, consecutive positions): its cheaper path.
+            chain = tree.is_chain
             hidden = self.target(
                 ids,
                 self.cache,
                 slot,
                 torch.tensor([cache_len]),
-                positions=tree.positions(cache_len).unsqueeze(0),
-                tree_mask=tree.attention_mask(),
+                positions=None if chain else tree.positions(cache_len).unsqueeze(0),
+                tree_mask=None if chain else tree.attention_mask(),
             )
             logits = self.target.logits(hidden[0])
             if params.greedy:

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
 from specgate.engine.model import Llama, load_llama
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
+from specgate.speculative.eagle_head import load_eagle_head
 from specgate.speculative.ngram import NgramDrafter
 
 ALGORITHMS: dict[str, type[Drafter]] = {
@@ -45,8 +44,6 @@ def build_drafters(
     if draft_model_dir is not None:
         drafters.append(DraftModelDrafter(load_llama(draft_model_dir, dtype, max_len), target, max_len))
     if eagle_head_dir is not None:
-        from specgate.speculative.eagle_head import load_eagle_head  # lands with the head's training
-
         head = load_eagle_head(eagle_head_dir, target, dtype)
         drafters += [EagleDrafter(head, max_len), Eagle2Drafter(head, max_len)]
     return {d.name: d for d in drafters}

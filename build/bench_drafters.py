@@ -1,0 +1,141 @@
+"""Measure each drafter on the CPU engine: acceptance, tokens per target step, tokens/s vs plain greedy.
+
+Greedy decoding of the first --prompts prompts of tests/data/speculative_prompts.json (spread over the
+file) in --dtype, single sequence, one thread by default. Used to choose the drafter defaults:
+draft-model depth (--draft-layers: first N target layers, built in memory) and the EAGLE-2 tree
+(--eagle2 depth:top_k:total_tokens). Prints one row per configuration. Not a test.
+
+    python -m build.bench_drafters --prompts 20 --max-new 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from specgate.engine.model import KVCache, Llama, load_llama
+from specgate.speculative import SpeculativeGenerator
+from specgate.speculative.draft_model import DraftModelDrafter
+from specgate.speculative.drafter import Drafter
+from specgate.speculative.eagle import EagleDrafter
+from specgate.speculative.eagle2 import Eagle2Drafter
+from specgate.speculative.ngram import NgramDrafter
+from specgate.text.tokenizer import PromptTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "tests" / "data" / "speculative_prompts.json"
+MAX_LEN = 512
+
+
+@torch.inference_mode()
+def greedy_decode(model: Llama, prompt: list[int], n: int, max_len: int) -> list[int]:
+    """Plain greedy decoding, one token per forward; stops at EOS (not emitted) or after n tokens."""
+    cache, slot = KVCache(model.cfg, 1, max_len, model.embed.weight.dtype), torch.zeros(1, dtype=torch.long)
+    hidden = model(torch.tensor([prompt]), cache, slot, torch.tensor([0]))
+    out: list[int] = []
+    while len(out) < n:
+        tok = int(model.logits(hidden[0, -1]).argmax())
+        if tok == model.cfg.eos_token_id:
+            break
+        out.append(tok)
+        hidden = model(torch.tensor([[tok]]), cache, slot, torch.tensor([len(prompt) + len(out) - 1]))
+    return out
+
+
+def first_layers(model_dir: Path, n: int, dtype: torch.dtype) -> Llama:
+    """The target's first n layers + final norm + head: what build/make_draft_model.py writes."""
+    model = load_llama(model_dir, dtype, MAX_LEN)
+    model.layers = model.layers[:n]
+    model.cfg = dataclasses.replace(model.cfg, num_hidden_layers=n)
+    return model
+
+
+def run(gen: SpeculativeGenerator, prompts: list[list[int]], refs: list[list[int]], algorithm: str, k: int, max_new: int) -> dict:
+    tokens = drafts = accepted = draft_tokens = matched = 0
+    seconds = 0.0
+    for prompt, ref in zip(prompts, refs):
+        t0 = time.perf_counter()
+        stream = gen.generate(prompt, max_new, algorithm=algorithm, k=k)
+        out = [t for block in stream for t in block]
+        seconds += time.perf_counter() - t0
+        tokens += len(out)
+        matched += out == ref
+        s = stream.stats
+        drafts, accepted, draft_tokens = drafts + s.num_drafts, accepted + s.accepted_tokens, draft_tokens + s.draft_tokens
+    return {
+        "acceptance": accepted / max(draft_tokens, 1),
+        "tokens_per_step": 1 + accepted / max(drafts, 1),
+        "tok_s": tokens / seconds,
+        "identical": matched / len(prompts),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path, default=ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
+    ap.add_argument("--eagle-head", type=Path, default=ROOT / "heads" / "smollm2-135m-eagle")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--algorithms", default="ngram,draft_model,eagle,eagle2")
+    ap.add_argument("--k", default="", help="comma list of k for the chain drafters (default: each drafter's default)")
+    ap.add_argument("--draft-layers", default="8", help="comma list of draft-model depths to try")
+    ap.add_argument("--eagle2", default="5:4:16", help="comma list of depth:top_k:total_tokens to try")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+
+    texts = json.loads(PROMPTS.read_text())
+    step = len(texts) / args.prompts
+    tok = PromptTokenizer(args.checkpoint, MAX_LEN)
+    prompts = [tok.encode_prompt(texts[int(i * step)]) for i in range(args.prompts)]
+    target = load_llama(args.checkpoint, dtype, MAX_LEN)
+    greedy_decode(target, prompts[0], 4, MAX_LEN)  # warm-up
+    t0 = time.perf_counter()
+    refs = [greedy_decode(target, p, args.max_new, MAX_LEN) for p in prompts]
+    base = sum(map(len, refs)) / (time.perf_counter() - t0)
+    print(f"{args.prompts} prompts x {args.max_new} new tokens, {args.dtype}, {args.threads} thread(s)")
+    print(f"{'algorithm':<26}{'k':>4}{'accept':>9}{'tok/step':>10}{'tok/s':>8}{'speedup':>9}{'identical':>11}")
+    print(f"{'greedy (no drafter)':<26}{'':>4}{'':>9}{1.0:>10.2f}{base:>8.1f}{1.0:>9.2f}{1.0:>11.2f}", flush=True)
+
+    configs: list[tuple[str, Drafter, list[int]]] = []
+    algos = args.algorithms.split(",")
+    ks = [int(k) for k in args.k.split(",")] if args.k else []
+    if "ngram" in algos:
+        configs.append(("ngram", NgramDrafter(), ks or [NgramDrafter.default_k]))
+    if "draft_model" in algos:
+        for n in map(int, args.draft_layers.split(",")):
+            drafter = DraftModelDrafter(first_layers(args.checkpoint, n, dtype), target, MAX_LEN)
+            configs.append((f"draft_model ({n} layers)", drafter, ks or [DraftModelDrafter.default_k]))
+    if {"eagle", "eagle2"} & set(algos):
+        if not (args.eagle_head / "config.json").exists():
+            print(f"(no EAGLE head at {args.eagle_head}: eagle/eagle2 skipped; `make train-eagle` writes it)")
+        else:
+            from specgate.speculative.eagle_head import load_eagle_head
+
+            head = load_eagle_head(args.eagle_head, target, dtype)
+            if "eagle" in algos:
+                configs.append(("eagle", EagleDrafter(head, target, MAX_LEN), ks or [EagleDrafter.default_k]))
+            for spec in args.eagle2.split(",") if "eagle2" in algos else []:
+                depth, top_k, total = map(int, spec.split(":"))
+                drafter = Eagle2Drafter(head, target, MAX_LEN, depth=depth, top_k=top_k)
+                configs.append((f"eagle2 (d={depth}, top_k={top_k})", drafter, [total]))
+    for label, drafter, k_list in configs:
+        gen = SpeculativeGenerator(target, {drafter.name: drafter}, MAX_LEN)
+        for k in k_list:
+            r = run(gen, prompts, refs, drafter.name, k, args.max_new)
+            print(
+                f"{label:<26}{k:>4}{r['acceptance']:>9.2f}{r['tokens_per_step']:>10.2f}{r['tok_s']:>8.1f}"
+                f"{r['tok_s'] / base:>9.2f}{r['identical']:>11.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
