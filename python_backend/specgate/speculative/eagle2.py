@@ -54,6 +54,12 @@ class Eagle2Drafter(EagleBase):
         frontier = add_children([-1], self.head.draft_logits(root_feat).unsqueeze(0))
         feat: dict[int, Tensor] = {}  # predicted feature at an expanded node's position
         for _ in range(1, self.depth):
+            # A child never outscores its parent: expanding a node below the k-th best score is wasted.
+            if len(score) >= k:
+                kth = sorted(score, reverse=True)[k - 1]
+                frontier = [c for c in frontier if score[c] > kth]
+                if not frontier:
+                    break
             # The head's cache shows every cached entry to every new token, so the frontier's
             # ancestors are re-run in one block under a tree mask rather than cached per depth.
             block = sorted(_with_ancestors(frontier, parent))
