@@ -4,8 +4,10 @@ One worker thread owns the model. Each iteration it
 1. admits waiting requests into free slots (FIFO, so waiting is fair) and prefills them, then
 2. runs ONE forward over every active sequence's last token (per-sequence positions), samples each
    with its own RNG, and emits each request's new token.
-Finished or cancelled sequences free their slot at once; a request that waits past `queue_timeout_s`
-or finds the queue full gets an error event. With `max_batch_size=1` it is a plain FIFO engine.
+Finished or cancelled sequences free their slot at once; a request cancelled while it waits ends
+at the next iteration; a request that waits past `queue_timeout_s` gets an error event, and one
+that finds the queue full is refused (`QueueFull`). Every accepted request gets exactly one final
+event, also when the engine shuts down. With `max_batch_size=1` it is a plain FIFO engine.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Seq:
     length: int = 0  # tokens in this slot's cache
     generated: list[int] = field(default_factory=list)
     gen: torch.Generator | None = None
+    done: bool = False  # its final event went out
 
 
 class BatchRunner:
@@ -62,7 +65,12 @@ class BatchRunner:
         """Queue a request. Events arrive on `emit` from the worker thread; the last has finished=True."""
         if len(req.input_ids) + 1 > self.cfg.max_context:
             raise ValueError(f"prompt of {len(req.input_ids)} tokens leaves no room in the {self.cfg.max_context}-token context")
+        vocab = self.model.cfg.vocab_size
+        if not all(0 <= t < vocab for t in req.input_ids):
+            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
         with self._cv:
+            if self._stop:
+                raise RuntimeError("engine is shutting down")
             if len(self._waiting) >= self.cfg.max_queue_size:
                 raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
             self._waiting.append(_Seq(req, emit, is_cancelled, time.monotonic()))
@@ -74,7 +82,7 @@ class BatchRunner:
 
     @property
     def in_flight(self) -> int:
-        return len(self._waiting) + len(self._active)
+        return len(self._waiting) + sum(not s.done for s in self._active)
 
     def shutdown(self) -> None:
         with self._cv:
@@ -88,38 +96,52 @@ class BatchRunner:
             with self._cv:
                 while not self._stop and not self._waiting and not self._active:
                     self._cv.wait()
-                if self._stop:
-                    return
-                admitted = self._admit_locked()
+                stopping = self._stop
+                if stopping:
+                    admitted, dropped = [], [(s, "engine shut down") for s in [*self._waiting, *self._active]]
+                    self._waiting.clear()
+                else:
+                    admitted, dropped = self._admit_locked()
+            # Emit outside the lock: a slow response stream must not block submit().
+            for seq, error in dropped:
+                self._finish(seq, error=error)
+            if stopping:
+                return
             for seq in admitted:
                 self._guard(seq, self._prefill)
-            self._active = [s for s in self._active if s.slot >= 0]
+            self._prune()
             if self._active:
                 try:
                     self._decode_step()
                 except Exception as exc:  # a bug here must not hang every client
                     log.exception("decode step failed")
-                    for s in list(self._active):
+                    for s in self._active:
                         self._finish(s, error=f"engine error: {exc}")
+                self._prune()
 
-    def _admit_locked(self) -> list[_Seq]:
-        now, admitted = time.monotonic(), []
-        while self._waiting and (self._free or self._waiting[0].is_cancelled()):
-            seq = self._waiting.popleft()
+    def _admit_locked(self) -> tuple[list[_Seq], list[tuple[_Seq, str | None]]]:
+        """Move waiting requests into free slots, FIFO. Returns (admitted, dropped with their error).
+
+        Every waiting request is checked each iteration, so a cancelled or timed-out one behind a
+        full batch ends now rather than when it reaches a slot.
+        """
+        now, admitted, dropped, kept = time.monotonic(), [], [], collections.deque()
+        for seq in self._waiting:
             if seq.is_cancelled():
-                self._safe_emit(seq, Event([], finished=True))
-                continue
-            if now - seq.enqueued > self.cfg.queue_timeout_s:
-                self._safe_emit(seq, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
-                continue
-            seq.slot = self._free.pop(0)
-            self._active.append(seq)
-            admitted.append(seq)
-        # time out the ones still waiting behind a full batch
-        for seq in [s for s in self._waiting if now - s.enqueued > self.cfg.queue_timeout_s]:
-            self._waiting.remove(seq)
-            self._safe_emit(seq, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
-        return admitted
+                dropped.append((seq, None))
+            elif now - seq.enqueued > self.cfg.queue_timeout_s:
+                dropped.append((seq, f"timed out after {self.cfg.queue_timeout_s:g}s in queue"))
+            elif self._free:
+                seq.slot = self._free.pop(0)
+                self._active.append(seq)
+                admitted.append(seq)
+            else:
+                kept.append(seq)
+        self._waiting = kept
+        return admitted, dropped
+
+    def _prune(self) -> None:
+        self._active = [s for s in self._active if not s.done]
 
     def _prefill(self, seq: _Seq) -> None:
         seq.gen = seq.req.sampling.generator()
@@ -161,9 +183,14 @@ class BatchRunner:
         if done:
             self._finish(seq, tokens=[tok])
         elif not self._safe_emit(seq, Event([tok])):
-            self._finish(seq)
+            self._finish(seq, error="response stream failed")
 
     def _finish(self, seq: _Seq, tokens: list[int] | None = None, error: str | None = None) -> None:
+        """Free the slot and send the final event, once: later calls (e.g. a failed step after a
+        cancellation in the same iteration) do nothing."""
+        if seq.done:
+            return
+        seq.done = True
         if seq.slot >= 0:
             self._free.append(seq.slot)
             seq.slot = -1
