@@ -1,0 +1,45 @@
+"""Deltas of the gate's Prometheus metrics over a run, grouped by label (what the reports show)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import requests
+
+# name, optional {labels}, value: Triton's metrics port writes one sample per line
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    out: Samples = {}
+    for line in requests.get(url, timeout=10).text.splitlines():
+        if m := _SAMPLE.match(line):
+            out[(m.group(1), frozenset(_LABEL.findall(m.group(2) or "")))] = float(m.group(3))
+    return out
+
+
+def delta_by(before: Samples, after: Samples, name: str, *labels: str) -> dict[str, float]:
+    """{"v1,v2": after - before} for samples of `name`, keyed by the values of `labels`; zeros dropped."""
+    out: dict[str, float] = defaultdict(float)
+    for (n, lbls), v in after.items():
+        if n == name:
+            d = dict(lbls)
+            out[",".join(d.get(k, "") for k in labels)] += v - before.get((n, lbls), 0.0)
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def gate_deltas(before: Samples, after: Samples) -> dict[str, dict[str, float]]:
+    """The counters the reports use: decisions by route and reason, draft/accept totals, per position."""
+    return {
+        "decisions": delta_by(before, after, "spec_gate_decisions_total", "route", "reason"),
+        "totals": {
+            n: sum(delta_by(before, after, f"spec_decode_{n}_total").values())
+            for n in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+        },
+        "accepted_per_position": delta_by(before, after, "spec_decode_num_accepted_tokens_per_pos_total", "position"),
+        "engine_failures": delta_by(before, after, "spec_gate_engine_failures_total", "engine"),
+    }
