@@ -38,6 +38,7 @@ from tests.unit.stat_helpers import passes_chi2
 
 FULL = os.environ.get("SPECGATE_LOSSLESS_FULL") == "1"
 NUM_PROMPTS, NEW_TOKENS = (50, 64) if FULL else (6, 24)
+pytestmark = pytest.mark.timeout(3600 if FULL else 600)  # the full reference alone takes minutes
 MAX_LEN = 320
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "speculative_prompts.json"
 
