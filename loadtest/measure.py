@@ -36,7 +36,6 @@ class Sample:
     reason: str = "-"
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    end_s: float = 0.0  # perf_counter at the end, to compute a run's wall time
 
     @property
     def ok(self) -> bool:
@@ -55,14 +54,14 @@ def timed(client: StreamingClient, spec: RequestSpec) -> Sample:
         for chunk in client.stream(spec.prompt, spec.params, api_key=spec.api_key, spec_mode=spec.spec_mode):
             result.chunks.append(chunk)
     except Exception as exc:  # a load generator counts failures instead of stopping
-        return Sample(spec.category, spec.params.temperature, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}", end_s=time.perf_counter())
+        return Sample(spec.category, spec.params.temperature, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
     return from_result(result, spec, time.perf_counter() - t0)
 
 
 def from_result(result: Result, spec: RequestSpec, e2e_s: float) -> Sample:
     meta = result.meta
     tokens = int(meta.get("num_output_tokens") or 0)
-    s = Sample(spec.category, spec.params.temperature, e2e_s, end_s=time.perf_counter())
+    s = Sample(spec.category, spec.params.temperature, e2e_s)
     if not result.chunks or tokens == 0:
         s.error = "empty response"
         return s

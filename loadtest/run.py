@@ -43,7 +43,7 @@ def run_scenario(
     out.mkdir(parents=True, exist_ok=True)
     u = urlparse(host)
     metrics_url = metrics_url or f"http://{u.hostname}:{(u.port or 8000) + 2}/metrics"
-    env = {**os.environ, "SPECGATE_WORKLOAD": workload, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "python_backend"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "SPECGATE_WORKLOAD": workload, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # `loadtest` for the locustfile
     for key, val in (("SPECGATE_GRPC_URL", grpc_url), ("SPECGATE_MAX_TOKENS", max_tokens), ("SPECGATE_SEED", seed)):
         if val is not None:
             env[key] = str(val)
