@@ -30,8 +30,8 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -153,7 +153,7 @@ def overhead_mb(drafter: Drafter, target: Llama) -> float:
 
 
 # -- the benchmark -----------------------------------------------------------------------------
-def build_drafters(target: Llama, algorithms: list[str]) -> tuple[dict[str, Drafter], list[str]]:
+def build_drafters(target: Llama, algorithms: list[str], head: Path) -> tuple[dict[str, Drafter], list[str]]:
     """Each requested drafter at its serving defaults; notes on the ones that cannot be built."""
     drafters: dict[str, Drafter] = {}
     notes: list[str] = []
@@ -162,14 +162,14 @@ def build_drafters(target: Llama, algorithms: list[str]) -> tuple[dict[str, Draf
     if "draft_model" in algorithms:
         drafters["draft_model"] = DraftModelDrafter(load_llama(DRAFT, DTYPE, MAX_LEN), target, MAX_LEN)
     if {"eagle", "eagle2"} & set(algorithms):
-        if (HEAD / "config.json").exists():
+        if (head / "config.json").exists():
             # One head per drafter, as an engine serving only that algorithm would hold it.
             if "eagle" in algorithms:
-                drafters["eagle"] = EagleDrafter(load_eagle_head(HEAD, target, DTYPE), target, MAX_LEN)
+                drafters["eagle"] = EagleDrafter(load_eagle_head(head, target, DTYPE), target, MAX_LEN)
             if "eagle2" in algorithms:
-                drafters["eagle2"] = Eagle2Drafter(load_eagle_head(HEAD, target, DTYPE), target, MAX_LEN)
+                drafters["eagle2"] = Eagle2Drafter(load_eagle_head(head, target, DTYPE), target, MAX_LEN)
         else:
-            notes.append(f"eagle / eagle2 not measured: no EAGLE head at {HEAD.relative_to(ROOT)} (`make train-eagle` writes it)")
+            notes.append(f"eagle / eagle2 not measured: no EAGLE head at {head} (`make train-eagle` writes it)")
     return drafters, notes
 
 
@@ -231,6 +231,11 @@ def _ratio(xs: list[float]) -> str:
     return f"{median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]" if xs else "n/a"
 
 
+def _pct_range(xs: list[float]) -> str:
+    lo, hi = f"{min(xs):.0%}", f"{max(xs):.0%}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def targets(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     """The issue's targets, each with whether this run meets it (greedy, T=0 rows)."""
 
@@ -273,8 +278,8 @@ def targets(results: dict[str, dict[str, list[dict]]]) -> list[str]:
         cost = [r["draft_ms_per_step"] / b["median_tpot_ms"] for _, r, b in cases]
         out.append(
             f"  - {algo} ({'; '.join(w for w, _, _ in cases)}): each target forward yields only "
-            f"{min(gain):.0%}-{max(gain):.0%} more tokens, while drafting costs {min(cost):.0%}-{max(cost):.0%} "
-            "of a baseline step, and verifying the drafted tokens lengthens the target forward: cost exceeds gain"
+            f"{_pct_range(gain)} more tokens, while drafting costs {_pct_range(cost)} of a baseline step "
+            "and verifying the drafted tokens lengthens the target forward: cost exceeds gain"
         )
     return out
 
@@ -285,6 +290,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens per request")
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--eagle-head", type=Path, default=HEAD, help="directory with eagle_head.safetensors + config.json")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared 2-core machine)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -297,7 +303,7 @@ def main() -> None:
     ids = [tok.encode_prompt(p.text) for p in prompts]
     target = load_llama(CKPT, DTYPE, MAX_LEN)
     runner = BatchRunner(target, EngineConfig(checkpoint_dir=CKPT, max_context=MAX_LEN, max_batch_size=1))
-    drafters, notes = build_drafters(target, algorithms)
+    drafters, notes = build_drafters(target, algorithms, args.eagle_head)
     memory = {"baseline": 0.0} | {name: overhead_mb(d, target) for name, d in drafters.items()}
     timers = {name: _TimedDrafter(d) for name, d in drafters.items()}
     gen = SpeculativeGenerator(target, drafters, MAX_LEN)
@@ -339,7 +345,7 @@ def main() -> None:
 
     md = report(args, prompts, results, match, notes, load_start, elapsed)
     print("\n" + md)
-    write_results("bench-engine", md, {"args": vars(args), "results": results, "greedy_match": match, "notes": notes, "runs": raw_runs})
+    write_results("bench-engine", md, {"args": vars(args) | {"eagle_head": str(args.eagle_head)}, "results": results, "greedy_match": match, "notes": notes, "runs": raw_runs})
 
 
 def greedy_match(target: Llama, ids: list[int], runs: list[dict], algorithms: list[str]) -> dict[str, dict]:
@@ -362,7 +368,9 @@ def report(args: argparse.Namespace, prompts: list, results: dict, match: dict, 
         "# bench-engine: speculative algorithms vs the baseline engine (CPU reference engine, bf16)",
         "",
         f"- command: `python -m bench.engine --per-category {args.per_category} --tokens {args.tokens} "
-        f"--temperatures {args.temperatures} --threads {args.threads}`",
+        f"--temperatures {args.temperatures} --threads {args.threads}"
+        + ("" if args.eagle_head == HEAD else f" --eagle-head {args.eagle_head}")
+        + "`",
         f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {elapsed / 60:.1f} min of measurement",
         f"- machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
         f"{args.threads} torch thread(s); load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f}",
