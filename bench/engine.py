@@ -16,8 +16,8 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
   cache, rotary tables), not counting tensors it shares with the target. Measured on the built
   objects, not estimated from shapes.
 - bf16 greedy match rate (T=0): how many outputs equal the baseline's token for token; at each
-  first divergence, the baseline's top-2 logit gap there (a one-bf16-step gap is an argmax tie that
-  a different batch shape can flip).
+  first divergence, the two tokens' logit gap in bf16 steps (0-1 steps: an argmax tie that a
+  different batch shape can flip).
 
     python -m bench.engine --per-category 6 --tokens 64
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import threading
@@ -173,14 +174,21 @@ def build_drafters(target: Llama, algorithms: list[str], head: Path) -> tuple[di
     return drafters, notes
 
 
-def first_divergence_gap(target: Llama, ids: list[int], ref: list[int], out: list[int]) -> tuple[int, float, bool]:
-    """(position, top1 - top2 target logit there, whether the other token is the runner-up)."""
+def first_divergence_gap(target: Llama, ids: list[int], ref: list[int], out: list[int]) -> tuple[int, float]:
+    """(first position where `out` leaves `ref`, the two tokens' logit gap there in bf16 steps).
+
+    The logits come from one forward over prompt + common prefix; a bf16 step is the spacing of bf16
+    numbers at the top logit's magnitude (8 significant bits), so a gap of 0-1 steps is a tie that
+    rounding in another batch shape can flip.
+    """
     pos = next(i for i, (a, b) in enumerate(zip(ref + [-1], out + [-2])) if a != b)
+    eos = target.cfg.eos_token_id
+    mine, theirs = (ref + [eos])[pos], (out + [eos])[pos]
     cache = KVCache(target.cfg, 1, MAX_LEN, DTYPE)
     hidden = target(torch.tensor([ids + ref[:pos]]), cache, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
-    top = target.logits(hidden[0, -1]).topk(2)
-    other = out[pos] if pos < len(out) else target.cfg.eos_token_id
-    return pos, float(top.values[0] - top.values[1]), other == int(top.indices[1])
+    logits = target.logits(hidden[0, -1])
+    step = 2.0 ** (math.floor(math.log2(float(logits.abs().max()))) - 7)
+    return pos, abs(float(logits[mine] - logits[theirs])) / step
 
 
 def summarize(runs: dict[str, list[tuple[Run, Run]]], memory: dict[str, float]) -> list[dict]:
@@ -356,8 +364,8 @@ def greedy_match(target: Llama, ids: list[int], runs: list[dict], algorithms: li
         for r in runs:
             ref, got = r["baseline"]["output"], r[name]["output"]
             if ref != got:
-                pos, gap, runner_up = first_divergence_gap(target, ids[r["prompt"]], ref, got)
-                gaps.append({"prompt": r["prompt"], "position": pos, "top2_gap": gap, "runner_up": runner_up})
+                pos, steps = first_divergence_gap(target, ids[r["prompt"]], ref, got)
+                gaps.append({"prompt": r["prompt"], "position": pos, "gap_bf16_steps": steps})
         out[name] = {"identical": len(runs) - len(gaps), "prompts": len(runs), "divergences": gaps}
     return out
 
@@ -385,12 +393,13 @@ def report(args: argparse.Namespace, prompts: list, results: dict, match: dict, 
             lines += ["", f"## T={temp}, {cat} ({rows[0]['prompts']} prompts)", "", table(rows)]
     if match:
         lines += ["", "## bf16 greedy match rate vs baseline (T=0)", ""]
+        lines.append("Identical outputs (token for token, up to --tokens) and, at each first divergence, the logit gap between the two tokens in bf16 steps at that logit's magnitude:")
+        lines.append("")
         for name, m in match.items():
-            ties = [g for g in m["divergences"] if g["runner_up"]]
-            gaps = ", ".join(f"{g['top2_gap']:.3f}" for g in m["divergences"])
+            steps = sorted(g["gap_bf16_steps"] for g in m["divergences"])
             lines.append(
-                f"- {name}: {m['identical']}/{m['prompts']} identical"
-                + (f"; at the {len(m['divergences'])} first divergences the other token is the target's runner-up in {len(ties)}, top-2 logit gaps: {gaps}" if m["divergences"] else "")
+                f"- {name}: {m['identical']}/{m['prompts']} identical ({m['identical'] / m['prompts']:.0%})"
+                + (f"; gaps at the {len(steps)} divergences: {', '.join(f'{x:.1f}' for x in steps)}" if steps else "")
             )
     lines += ["", "## Targets (T=0)", "", *targets(results)]
     return "\n".join(lines) + "\n"
