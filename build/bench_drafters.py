@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--algorithms", default="ngram,draft_model,eagle,eagle2")
     ap.add_argument("--k", default="", help="comma list of k for the chain drafters (default: each drafter's default)")
     ap.add_argument("--draft-layers", default=str(DEFAULT_LAYERS), help="comma list of draft-model depths to try")
-    ap.add_argument("--eagle2", default="5:4:16", help="comma list of depth:top_k:total_tokens to try")
+    ap.add_argument("--eagle2", default="5:4:8", help="comma list of depth:top_k:total_tokens to try")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
