@@ -6,6 +6,7 @@ VPY := $(VENV)/bin/python
 ENGINE ?= cpu
 DTYPE ?= bfloat16
 SPEC ?= build/specs/smollm2-eagle.yaml
+SMOKE_SPEC ?= build/specs/smollm2-ngram.yaml
 STAMP := $(VENV)/.installed
 
 .PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching loadtest train-eagle gpu-smoke clean
@@ -22,7 +23,7 @@ build-engines: setup  ## ENGINE=cpu (default) | trtllm
 ifeq ($(ENGINE),cpu)
 	$(VPY) -m build.build_engines --engine cpu --dtype $(DTYPE)
 else
-	$(VPY) -m build.build_engines --engine $(ENGINE) --spec $(SPEC)
+	$(VPY) -m build.build_engines --engine $(ENGINE) --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics)
@@ -35,16 +36,16 @@ test-unit: setup
 	$(VPY) -m pytest -q tests/unit
 
 bench-baseline: build-engines  ## engine in-process vs through Triton vs transformers generate
-	$(VPY) -m build.bench.baseline
+	$(VPY) -m bench.baseline
 
 bench-engine: build-engines  ## speculative algorithms: acceptance, accepted/step, TPOT, speedup, memory
-	$(VPY) -m build.bench.engine
+	$(VPY) -m bench.engine
 
 bench-gate: build-engines  ## gate decision latency and end-to-end overhead
-	$(VPY) -m build.bench.gate
+	$(VPY) -m bench.gate
 
 bench-batching: build-engines  ## batched vs unbatched baseline vs speculative at concurrency 1-8
-	$(VPY) -m build.bench.batching
+	$(VPY) -m bench.batching
 
 bench: bench-baseline bench-engine bench-gate bench-batching
 
@@ -55,8 +56,8 @@ train-eagle: build-engines  ## train the EAGLE head on CPU (resumes; never run i
 	$(VPY) -m pip install --quiet -e '.[train]'
 	$(VPY) -m build.train_eagle $(TRAIN_ARGS)
 
-gpu-smoke:  ## on a GPU machine with TensorRT-LLM (see docs/trtllm.md)
-	$(VPY) -m build.gpu_smoke --spec $(SPEC)
+gpu-smoke:  ## on a GPU machine with TensorRT-LLM (see docs/trtllm.md); never run here
+	$(VPY) -m build.gpu_smoke --spec $(SMOKE_SPEC)
 
 clean:  ## remove build outputs (keeps downloads)
 	rm -rf artifacts/model_repository artifacts/engines artifacts/test-*

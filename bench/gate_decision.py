@@ -1,6 +1,6 @@
 """Micro-benchmark: latency of one `Gate.decide()` in-process (target p99 < 100 us).
 
-    .venv/bin/python build/bench_gate_decision.py [--n 100000] [--policy policy/default.yaml]
+    .venv/bin/python -m bench.gate_decision [--n 100000] [--policy policy/default.yaml]
 
 A mixed workload (tenants, unknown keys, temperatures, canary and shadow requests, the policy-file
 mtime check) with metrics going to an in-memory factory shaped like pb_utils, so the cost of
@@ -72,16 +72,11 @@ def _workload(n: int, seed: int) -> list[RequestInputs]:
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--policy", type=Path, default=REPO / "policy" / "default.yaml")
-    args = ap.parse_args()
-
+def measure(n: int, policy: Path) -> dict:
+    """Time `n` decisions (after a warm-up); returns p50/p99/max in microseconds and reason counts."""
     with tempfile.TemporaryDirectory() as tmp:
-        gate = Gate(str(_policy_file(args.policy, Path(tmp))),
-                    metric_factory=SimpleNamespace(MetricFamily=_Family))
-        requests = _workload(args.n, seed=0)
+        gate = Gate(str(_policy_file(policy, Path(tmp))), metric_factory=SimpleNamespace(MetricFamily=_Family))
+        requests = _workload(n, seed=0)
         warmup = 2000  # fills the label and metric caches; not measured
         samples: list[int] = []
         reasons: dict[str, int] = {}
@@ -100,11 +95,19 @@ def main() -> None:
                 gate.finish(d)
         finally:
             gc.enable()
-
     q = statistics.quantiles(samples, n=100)
-    print(f"decisions: {len(samples)}")
-    print(f"p50: {q[49] / 1e3:.1f} us   p99: {q[98] / 1e3:.1f} us   max: {max(samples) / 1e3:.1f} us")
-    print("reasons:", ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+    return {"n": len(samples), "p50_us": q[49] / 1e3, "p99_us": q[98] / 1e3, "max_us": max(samples) / 1e3, "reasons": reasons}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--policy", type=Path, default=REPO / "policy" / "default.yaml")
+    args = ap.parse_args()
+    r = measure(args.n, args.policy)
+    print(f"decisions: {r['n']}")
+    print(f"p50: {r['p50_us']:.1f} us   p99: {r['p99_us']:.1f} us   max: {r['max_us']:.1f} us")
+    print("reasons:", ", ".join(f"{k}={v}" for k, v in sorted(r["reasons"].items())))
 
 
 if __name__ == "__main__":

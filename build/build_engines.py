@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from build import fetch_model
+from build import fetch_model, make_draft_model
 from build.render_repository import engine_tensor_values, render
 from build.trtllm import build as trtllm
 
@@ -34,8 +34,21 @@ def build_cpu(args: argparse.Namespace) -> None:
     }
     target_cfg = eng_dir / "target_engine.json"
     target_cfg.write_text(json.dumps({**common, "max_batch_size": args.max_batch_size}, indent=2))
+    draft_dir = art / "checkpoints" / "smollm2-135m-draft"
+    make_draft_model.make_draft(ckpt, draft_dir, make_draft_model.DEFAULT_LAYERS)
+    head_dir = ROOT / "heads" / "smollm2-135m-eagle"
+    has_head = (head_dir / "eagle_head.safetensors").exists()
+    if not has_head:
+        print(f"[build-engines] warning: no EAGLE head in {head_dir}; eagle/eagle2 disabled (make train-eagle)", flush=True)
+    spec = {
+        **common,
+        "max_batch_size": 1,
+        "draft_model_dir": str(draft_dir),
+        "eagle_head_dir": str(head_dir) if has_head else None,
+        "default_algorithm": "eagle" if has_head else "ngram",
+    }
     spec_cfg = eng_dir / "spec_engine.json"
-    spec_cfg.write_text(json.dumps({**common, "max_batch_size": 1}, indent=2))
+    spec_cfg.write_text(json.dumps(spec, indent=2))
     print(f"[build-engines] engine configs in {eng_dir} (dtype={args.dtype}, context={args.max_context})", flush=True)
     tok_cfg = json.loads((ckpt / "config.json").read_text())
     values = {
@@ -47,6 +60,7 @@ def build_cpu(args: argparse.Namespace) -> None:
         "text_instances": "2",
         "engine_max_batch_size": str(args.max_batch_size),
         "engine_extra_parameters": "",
+        "engine_extensions": "true",
         **engine_tensor_values(with_extensions=True),
     }
     out = out_root / "model_repository"

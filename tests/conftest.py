@@ -5,6 +5,7 @@ because token-identity checks need fp32 (bf16 argmax can flip between batch shap
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 TEST_OUT = ROOT / "artifacts" / "test-fp32"
+TEST_POLICY = TEST_OUT / "policy.yaml"
 
 
 def require_checkpoint() -> Path:
@@ -32,9 +34,10 @@ def server(checkpoint: Path):
     """A real tritonserver on the rendered fp32 repository; yields its Ports."""
     from specgate.launcher import Ports, start, stop, wait_ready
 
+    TEST_OUT.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit this copy live
     subprocess.run(
-        [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT),
-         "--policy", str(ROOT / "tests" / "integration" / "policy.yaml")],
+        [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT), "--policy", str(TEST_POLICY)],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))

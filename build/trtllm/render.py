@@ -85,6 +85,7 @@ def render_values(spec: BuildSpec, layout: Layout, policy_path: Path) -> tuple[d
         "max_queue_delay_microseconds": str(spec.serving.max_queue_delay_microseconds),
         "engine_inputs": trtllm_input_block(),
         "engine_outputs": tensor_block(ENGINE_OUTPUTS),  # no CPU-only extensions
+        "engine_extensions": "false",
     }
     per_model = {
         "target_engine": {

@@ -89,6 +89,9 @@ def command(repo: Path, ports: Ports, backends: Path, extra: list[str] | None = 
         "--model-control-mode=explicit",
         "--load-model=*",
         "--log-verbose=0",
+        # engines import torch and load weights at start-up: on a busy 2-core machine that outlasts
+        # the Python backend's default 30 s stub handshake and the model fails to load
+        "--backend-config=python,stub-timeout-seconds=300",
         *(extra or []),
     ]
 
@@ -116,13 +119,19 @@ def start(repo: Path, ports: Ports, log_file: Path | None = None, extra: list[st
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
-    if proc.poll() is None:
+    """Stop the server and every stub in its process group, also when the server already died."""
+    try:
         os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait(timeout_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stubs left behind by a crashed server
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def main() -> None:
@@ -135,6 +144,8 @@ def main() -> None:
     if not (args.model_repository / "llm" / "config.pbtxt").exists():
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    # SIGTERM (e.g. from a supervisor) stops the server too, like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     proc = start(args.model_repository, ports)
     try:
         print(f"[serve] starting tritonserver (pid {proc.pid}); loading models ...", flush=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from specgate.text.tokenizer import InvalidInput
+from specgate.errors import InvalidInput
 
 ALGORITHMS = ("eagle", "eagle2", "draft_model", "ngram")
 

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics
-from specgate.gate.router import Gate, RequestInputs, SpecStats
+from specgate.gate.router import Gate, RequestInputs
+from specgate.stats import SpecStats
 
 
 class FakeMetric:
@@ -97,7 +98,7 @@ def test_speculative_stats_exact_counts(fams: dict[str, FakeFamily]) -> None:
 
 def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, fams: dict[str, FakeFamily]) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\n")
+    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\n")
     gate = Gate(str(path), metric_factory=fake_pb_utils())
     label = hashlib.sha256(b"secret-key").hexdigest()[:8]
 

@@ -11,7 +11,8 @@ import pytest
 
 from specgate.gate.breaker import BreakerState
 from specgate.gate.policy import Mode, PolicyError
-from specgate.gate.router import REASONS, Decision, Gate, RequestInputs, SpecStats
+from specgate.gate.router import REASONS, Decision, Gate, RequestInputs
+from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
 DIGEST_B = hashlib.sha256(KEY_B.encode()).hexdigest()
@@ -223,7 +224,7 @@ def test_load_gate_is_atomic_across_threads(gate: Gate) -> None:
 
 def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     # The adapter passes its LLMRequest and the engines' SpecStats straight in (duck-typed).
-    from specgate.engine.request import SpecStats as EngineStats
+    from specgate.stats import SpecStats as EngineStats
     from specgate.llm_request import LLMRequest
 
     d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))

@@ -3,7 +3,7 @@
 import pytest
 
 from specgate.llm_request import parse_llm_request
-from specgate.text.tokenizer import InvalidInput
+from specgate.errors import InvalidInput
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ def _render_cpu(out: Path) -> dict[str, model_config_pb2.ModelConfig]:
     values = {
         "tokenizer_dir": "/tok", "max_input_len": "2047", "max_output_len": "1024", "end_id": "2",
         "policy_path": "/policy.yaml", "text_instances": "2", "engine_max_batch_size": "8",
-        "engine_extra_parameters": "", **engine_tensor_values(with_extensions=True),
+        "engine_extra_parameters": "", "engine_extensions": "true", **engine_tensor_values(with_extensions=True),
     }  # fmt: skip
     per_model = {e: {"engine_config": f"/{e}.json"} for e in ENGINES}
     return {p.parent.name: _parse(p) for p in render("cpu", values, out, per_model)}

@@ -6,4 +6,4 @@ import sys
 # The Python backend's embedded interpreter ignores PYTHONPATH; the launcher passes the venv here.
 sys.path[:0] = [p for p in os.environ.get("SPECGATE_PYTHONPATH", "").split(os.pathsep) if p]
 
-from specgate.serving.engine_model import BaselineEngineModel as TritonPythonModel  # noqa: E402,F401
+from specgate.serving.engine_model import SpeculativeEngineModel as TritonPythonModel  # noqa: E402,F401

@@ -21,6 +21,10 @@ class EngineConfig(BaseModel):
     max_queue_size: int = Field(64, ge=1, description="waiting requests beyond the batch")
     queue_timeout_s: float = Field(60.0, gt=0, description="how long a request may wait for a slot")
     num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch default")
+    # spec_engine only: which drafters to load (n-gram needs no weights) and the default one
+    draft_model_dir: Path | None = None
+    eagle_head_dir: Path | None = None
+    default_algorithm: str = "ngram"
 
     @property
     def torch_dtype(self) -> torch.dtype:

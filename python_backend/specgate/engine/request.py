@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
 from specgate.engine.sampling import SamplingParams
+from specgate.stats import SpecStats
 
 
 class GenerationRequest(BaseModel):
@@ -15,20 +16,6 @@ class GenerationRequest(BaseModel):
     end_id: int | None = None
     stop_words: list[list[int]] = Field(default_factory=list)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-
-
-@dataclass
-class SpecStats:
-    """Per-request speculative statistics (all zero for the baseline engine)."""
-
-    num_drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
 @dataclass

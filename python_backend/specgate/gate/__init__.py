@@ -10,11 +10,11 @@ from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, load_policy, parse_policy
 from specgate.gate.router import (
-    REASONS, Decision, Gate, GateRequest, GateStats, RequestInputs, SpecStats,
+    REASONS, Decision, Gate, GateRequest, GateStats, RequestInputs,
 )
 
 __all__ = [
     "REASONS", "Admission", "BreakerState", "CircuitBreakers", "Decision", "Gate", "GateMetrics",
     "GateRequest", "GateStats", "Mode", "Policy", "PolicyError", "PolicyStore", "RequestInputs",
-    "SpecStats", "load_policy", "parse_policy",
+    "load_policy", "parse_policy",
 ]

@@ -70,25 +70,26 @@ class GateMetrics:
             name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
         }
         self._metrics: dict[tuple[str, _Labels], Any] = {}
-        self._lock = threading.Lock()
+        # Every metric update is an IPC call into the Python backend stub, made from the gate's
+        # worker threads; they are serialized (a stub crashed with heap corruption without this).
+        self._lock = threading.RLock()
 
     def _get(self, name: str, labels: _Labels = (), buckets: list[float] | None = None) -> Any:
+        """The Metric for one label set, created once; callers hold `self._lock`."""
         key = (name, labels)
         metric = self._metrics.get(key)
         if metric is None:
-            with self._lock:
-                metric = self._metrics.get(key)
-                if metric is None:
-                    kwargs: dict[str, Any] = {"labels": dict(labels)}
-                    if buckets is not None:
-                        kwargs["buckets"] = buckets
-                    metric = self._families[name].Metric(**kwargs)
-                    self._metrics[key] = metric
+            kwargs: dict[str, Any] = {"labels": dict(labels)}
+            if buckets is not None:
+                kwargs["buckets"] = buckets
+            metric = self._families[name].Metric(**kwargs)
+            self._metrics[key] = metric
         return metric
 
     def decision(self, route: str, reason: str, latency_s: float) -> None:
-        self._get(DECISIONS, (("route", route), ("reason", reason))).increment(1)
-        self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS).observe(latency_s)
+        with self._lock:
+            self._get(DECISIONS, (("route", route), ("reason", reason))).increment(1)
+            self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS).observe(latency_s)
 
     def speculative_stats(
         self,
@@ -97,29 +98,35 @@ class GateMetrics:
         num_accepted_tokens: int,
         accepted_per_position: Sequence[int],
     ) -> None:
-        self._get(NUM_DRAFTS).increment(num_drafts)
-        self._get(NUM_DRAFT_TOKENS).increment(num_draft_tokens)
-        self._get(NUM_ACCEPTED_TOKENS).increment(num_accepted_tokens)
-        for pos, n in enumerate(accepted_per_position):
-            if n:
-                self._get(NUM_ACCEPTED_PER_POS, (("position", str(pos)),)).increment(n)
+        with self._lock:
+            self._get(NUM_DRAFTS).increment(num_drafts)
+            self._get(NUM_DRAFT_TOKENS).increment(num_draft_tokens)
+            self._get(NUM_ACCEPTED_TOKENS).increment(num_accepted_tokens)
+            for pos, n in enumerate(accepted_per_position):
+                if n:
+                    self._get(NUM_ACCEPTED_PER_POS, (("position", str(pos)),)).increment(n)
 
     def acceptance_rate(self, tenant: str, ema: float) -> None:
-        self._get(ACCEPTANCE_RATE, (("tenant", tenant),)).set(ema)
+        with self._lock:
+            self._get(ACCEPTANCE_RATE, (("tenant", tenant),)).set(ema)
 
     def circuit_state(self, tenant: str, value: float) -> None:
-        self._get(CIRCUIT_OPEN, (("tenant", tenant),)).set(value)
+        with self._lock:
+            self._get(CIRCUIT_OPEN, (("tenant", tenant),)).set(value)
 
     def shadow_compared(self, mismatch: bool) -> None:
-        self._get(SHADOW_COMPARISONS).increment(1)
-        if mismatch:
-            self._get(SHADOW_MISMATCH).increment(1)
+        with self._lock:
+            self._get(SHADOW_COMPARISONS).increment(1)
+            if mismatch:
+                self._get(SHADOW_MISMATCH).increment(1)
 
     def engine_failure(self, engine: str) -> None:
-        self._get(ENGINE_FAILURES, (("engine", engine),)).increment(1)
+        with self._lock:
+            self._get(ENGINE_FAILURES, (("engine", engine),)).increment(1)
 
     def in_flight(self, n: int) -> None:
-        self._get(IN_FLIGHT).set(n)
+        with self._lock:
+            self._get(IN_FLIGHT).set(n)
 
 
 class _NullMetric:

@@ -77,9 +77,10 @@ class BreakerPolicy(_Strict):
 
 class LoadPolicy(_Strict):
     # Speculative only while fewer than this many requests are already in flight; None disables
-    # the gate. 4 is a PLACEHOLDER: issue 5's load measurement sets the measured value (the load
-    # above which verification stops being nearly free and speculation stops paying).
-    max_in_flight: int | None = Field(4, ge=1)
+    # the gate. 1 is measured: `make bench-batching` (python -m bench.batching), 2026-11-29, 2 shared
+    # CPU cores, bf16: from 2 concurrent requests on, the batched baseline's throughput beats the
+    # one-at-a-time speculative engine's (crossover c=2 -> limit c-1). docs/batching.md
+    max_in_flight: int | None = Field(1, ge=1)
 
 
 class ShadowPolicy(_Strict):
@@ -90,6 +91,10 @@ class SpeculativePolicy(_Strict):
     algorithm: Algorithm = "eagle"
     num_speculative_tokens: int = Field(4, ge=1)
     max_num_speculative_tokens: int = Field(8, ge=1, le=64)
+    # No response from spec_engine for this long counts as a failure and the request continues on
+    # the baseline: Triton 2.51 never finalizes requests in flight on a Python-backend stub that
+    # died, so without it such a client would wait forever.
+    stall_timeout_s: float = Field(60.0, gt=0.0)
 
     @model_validator(mode="after")
     def _within_max(self) -> SpeculativePolicy:

@@ -130,7 +130,7 @@ class Decision:
 
 
 class GateStats(Protocol):
-    """One finished speculative request or shadow mirror (`specgate.engine.request.SpecStats` fits).
+    """One finished speculative request or shadow mirror (`specgate.stats.SpecStats` is one).
 
     `num_drafts` (verification steps) and `accepted_per_position` are CPU-engine extensions; when
     `num_drafts` is 0 or None while tokens were drafted (tensorrtllm) it is estimated as
@@ -145,16 +145,6 @@ class GateStats(Protocol):
     def num_drafts(self) -> int | None: ...
     @property
     def accepted_per_position(self) -> Sequence[int]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SpecStats:
-    """A plain GateStats, without importing the engine package (and torch)."""
-
-    draft_tokens: int
-    accepted_tokens: int
-    num_drafts: int | None = None
-    accepted_per_position: Sequence[int] = ()
 
 
 class Gate:

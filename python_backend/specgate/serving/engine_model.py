@@ -15,12 +15,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from specgate.contract import PARAM_ALGORITHM, PARAM_NUM_SPEC_TOKENS
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama, load_llama
-from specgate.engine.request import Event, GenerationRequest, SpecStats
+from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.sampling import SamplingParams
+from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
-from specgate.text.tokenizer import InvalidInput, parse_stop_words_list
+from specgate.errors import InvalidInput
+from specgate.text.tokenizer import parse_stop_words_list
 
 import triton_python_backend_utils as pb_utils
 
@@ -39,7 +42,7 @@ def parse_engine_request(request: Any, cfg: EngineConfig) -> tuple[GenerationReq
     temperature = optional_scalar(request, "temperature")
     top_k = optional_scalar(request, "runtime_top_k")
     top_p = optional_scalar(request, "runtime_top_p")
-    seed = optional_scalar(request, "random_seed")
+    seed = optional_scalar(request, "seed")
     try:
         sampling = SamplingParams(
             temperature=0.0 if temperature is None else float(temperature),
@@ -135,3 +138,14 @@ class BaselineEngineModel(EngineModel):
         from specgate.engine.runner import BatchRunner
 
         return BatchRunner(model, cfg)
+
+
+class SpeculativeEngineModel(EngineModel):
+    def make_runner(self, model: Llama, cfg: EngineConfig) -> Any:
+        from specgate.speculative.runner import SpeculativeRunner
+
+        return SpeculativeRunner(model, cfg)
+
+    def submit(self, req: GenerationRequest, emit: Callable[[Event], None], is_cancelled: Callable[[], bool], params: dict) -> None:
+        k = params.get(PARAM_NUM_SPEC_TOKENS)
+        self.runner.submit(req, emit, is_cancelled, params.get(PARAM_ALGORITHM), None if k is None else int(k))

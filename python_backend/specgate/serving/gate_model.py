@@ -1,41 +1,62 @@
 """Triton adapter for `spec_gate`: decide the route, forward over BLS, stream back, record metrics.
 
 Every request is served on a worker thread so the decoupled `execute` returns at once and many
-requests stream concurrently.
+requests stream concurrently. The policy itself lives in `specgate.gate` (tested without Triton).
+
+Failure handling: if `spec_engine` fails or is unavailable, the request continues on
+`target_engine` from the tokens already streamed (prompt + emitted ids), so the client sees no
+error, and the failure is counted (repeated failures open the tenant's circuit).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_NUM_SPEC_TOKENS
-from specgate.engine.request import SpecStats
+from specgate.gate import Decision, Gate, PolicyError
 from specgate.llm_request import LLMRequest, parse_llm_request
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
-from specgate.text.tokenizer import InvalidInput
+from specgate.stats import SpecStats
+from specgate.errors import InvalidInput
 
 import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 
-ENGINE_OUTPUT_NAMES = [
-    "output_ids",
-    "sequence_length",
-    "acceptance_rate",
-    "total_accepted_draft_tokens",
-    "total_draft_tokens",
-]
+ENGINE_OUTPUT_NAMES = ["output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
+EXTENSION_OUTPUT_NAMES = ["num_drafts", "accepted_per_position"]
 _LLM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "use_speculative_decoding", "num_speculative_tokens")
+FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
+
+
+class EngineFailure(RuntimeError):
+    """The engine failed (not the client's fault): fall back if possible."""
 
 
 def _out(resp: Any, name: str) -> np.ndarray | None:
     t = pb_utils.get_output_tensor_by_name(resp, name)
     return None if t is None else t.as_numpy()
+
+
+def _stats(resp: Any, last: SpecStats) -> SpecStats:
+    """Cumulative draft statistics from an engine response; engines may omit them on some responses."""
+    drafted, accepted = _out(resp, "total_draft_tokens"), _out(resp, "total_accepted_draft_tokens")
+    if drafted is None or accepted is None:
+        return last
+    drafts, per_pos = _out(resp, "num_drafts"), _out(resp, "accepted_per_position")
+    return SpecStats(
+        num_drafts=0 if drafts is None else int(drafts.reshape(-1)[0]),
+        draft_tokens=int(drafted.reshape(-1)[0]),
+        accepted_tokens=int(accepted.reshape(-1)[0]),
+        accepted_per_position=[] if per_pos is None else [int(x) for x in per_pos.reshape(-1) if x > 0],
+    )
 
 
 class GateModel:
@@ -44,18 +65,28 @@ class GateModel:
         p = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.max_output_len = int(p["max_output_len"])
         self.end_id = int(p["end_id"])
+        self.outputs = ENGINE_OUTPUT_NAMES + (EXTENSION_OUTPUT_NAMES if p["engine_extensions"] == "true" else [])
+        self.gate = Gate(p["policy_path"], metric_factory=pb_utils)
         self.pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="gate")
+        self.mirrors = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shadow")
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
             try:
                 llm = self._parse(request)
-            except InvalidInput as exc:
+                decision = self.gate.decide(llm)
+            except (InvalidInput, PolicyError) as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
                 continue
-            self.pool.submit(self._serve, request, sender, llm)
+            prompt = [int(t) for t in optional_array(request, "input_ids").reshape(-1)]
+            stops = optional_array(request, "stop_words_list")
+            self.pool.submit(self._serve, sender, llm, decision, prompt, stops)
         return None
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.mirrors.shutdown(wait=False, cancel_futures=True)
 
     def _parse(self, request: Any) -> LLMRequest:
         fields = {name: optional_scalar(request, name) for name in _LLM_FIELDS}
@@ -63,86 +94,194 @@ class GateModel:
         fields["speculative_algorithm"] = alg.decode(errors="replace") if isinstance(alg, bytes) else alg
         params = request_parameters(request)
         fields["api_key"] = params.get(HEADER_API_KEY)
-        fields["spec_header"] = params.get(HEADER_SPEC_MODE)
+        header = params.get(HEADER_SPEC_MODE)
+        fields["spec_header"] = None if header is None else str(header)
         fields["request_id"] = request.request_id() or ""
         return parse_llm_request(fields, self.max_output_len)
 
     # -- serving ---------------------------------------------------------------------------------
-    def _serve(self, request: Any, sender: Any, llm: LLMRequest) -> None:
+    def _serve(self, sender: Any, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None) -> None:
+        out = _Output(sender, llm.stream, d.route, d.reason)
         try:
-            route, reason = "baseline", "passthrough"
-            engine = "target_engine" if route == "baseline" else "spec_engine"
-            self._forward(request, sender, llm, engine, route, reason)
+            if d.route == "speculative":
+                try:
+                    stats = self._run("spec_engine", llm, d, prompt, stops, out.send)
+                    self.gate.record_speculative(d, stats)
+                except EngineFailure as exc:
+                    log.warning("spec_engine failed, continuing on target_engine: %s", exc)
+                    self.gate.record_failure(d, "speculative")
+                    out.route, out.reason, out.stats = "baseline", FALLBACK, SpecStats()
+                    self._run("target_engine", llm, d, prompt + out.ids, stops, out.send, already=len(out.ids))
+            else:
+                mirror = self._start_mirror(llm, d, prompt, stops) if d.shadow else None
+                try:
+                    self._run("target_engine", llm, d, prompt, stops, out.send)
+                except EngineFailure:
+                    self.gate.record_failure(d, "baseline")
+                    if mirror is not None:
+                        self._end_mirror(d, mirror, None)
+                    raise
+                if mirror is not None:
+                    self.mirrors.submit(self._end_mirror, d, mirror, out.ids if llm.temperature == 0 else None)
+            out.finish()
+        except (EngineFailure, InvalidInput) as exc:
+            out.fail(str(exc), invalid_arg=isinstance(exc, InvalidInput))
         except Exception as exc:  # never leave a client without a final response
             log.exception("gate failed")
-            sender.send(error_response(f"gate error: {exc}", invalid_arg=False), flags=FINAL)
+            out.fail(f"gate error: {exc}", invalid_arg=False)
+        finally:
+            self.gate.finish(d)
 
-    def _engine_request(self, request: Any, llm: LLMRequest, engine: str) -> Any:
-        ids = optional_array(request, "input_ids").reshape(1, -1).astype(np.int32)
+    def _engine_request(self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool) -> Any:
         inputs = [
-            tensor("input_ids", ids, np.int32),
-            tensor("input_lengths", [[ids.shape[1]]], np.int32),
-            tensor("request_output_len", [[llm.max_tokens]], np.int32),
+            tensor("input_ids", [ids], np.int32),
+            tensor("input_lengths", [[len(ids)]], np.int32),
+            tensor("request_output_len", [[max_tokens]], np.int32),
             tensor("end_id", [[self.end_id]], np.int32),
             tensor("pad_id", [[self.end_id]], np.int32),
             tensor("temperature", [[llm.temperature]], np.float32),
             tensor("runtime_top_k", [[llm.top_k]], np.int32),
             tensor("runtime_top_p", [[llm.top_p]], np.float32),
-            tensor("streaming", [[llm.stream]], np.bool_),
+            tensor("streaming", [[stream]], np.bool_),
             tensor("return_perf_metrics", [[True]], np.bool_),
         ]
         if llm.seed is not None:
-            inputs.append(tensor("random_seed", [[llm.seed & (2**64 - 1)]], np.uint64))
-        stops = optional_array(request, "stop_words_list")
-        if stops is not None and stops.size and (stops[1] >= 0).any():
+            inputs.append(tensor("seed", [[llm.seed & (2**64 - 1)]], np.uint64))
+        if stops is not None and stops.size and (stops.reshape(2, -1)[1] >= 0).any():
             inputs.append(tensor("stop_words_list", stops.reshape(1, 2, -1), np.int32))
-        params = {}
-        if llm.speculative_algorithm:
-            params[PARAM_ALGORITHM] = llm.speculative_algorithm
-        if llm.num_speculative_tokens is not None:
-            params[PARAM_NUM_SPEC_TOKENS] = int(llm.num_speculative_tokens)
-        return pb_utils.InferenceRequest(
-            model_name=engine,
-            inputs=inputs,
-            requested_output_names=ENGINE_OUTPUT_NAMES,
-            parameters=params,
-        )
+        params = {PARAM_ALGORITHM: d.algorithm, PARAM_NUM_SPEC_TOKENS: int(d.num_speculative_tokens)} if engine == "spec_engine" else {}
+        return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=self.outputs, parameters=params)
 
-    def _forward(self, request: Any, sender: Any, llm: LLMRequest, engine: str, route: str, reason: str) -> SpecStats:
-        """Stream one engine's responses to the client; returns the request's final statistics."""
-        ids: list[int] = []
-        prev = 0
+    def _run(
+        self,
+        engine: str,
+        llm: LLMRequest,
+        d: Decision,
+        ids: list[int],
+        stops: np.ndarray | None,
+        on_tokens: Callable[[list[int], SpecStats], None],
+        already: int = 0,
+        stream: bool | None = None,
+    ) -> SpecStats:
+        """Run one engine request, passing each response's new tokens on; returns final stats.
+
+        Raises InvalidInput for the client's mistakes and EngineFailure for the engine's.
+        """
+        remaining = llm.max_tokens - already
         stats = SpecStats()
-        for resp in self._engine_request(request, llm, engine).exec(decoupled=True):
-            if resp.has_error():
-                sender.send(error_response(resp.error().message(), invalid_arg=False), flags=FINAL)
-                return stats
-            out = _out(resp, "output_ids")
-            if out is None:  # the flag-only final response
-                continue
-            ids += [int(t) for t in out.reshape(-1)]
-            stats = SpecStats(
-                draft_tokens=int(_out(resp, "total_draft_tokens").reshape(-1)[0]),
-                accepted_tokens=int(_out(resp, "total_accepted_draft_tokens").reshape(-1)[0]),
-            )
-            if llm.stream and len(ids) > prev:
-                sender.send(self._response(ids, prev, False, route, reason, stats))
-                prev = len(ids)
-        sender.send(self._response(ids, prev, True, route, reason, stats), flags=FINAL)
+        if remaining <= 0:
+            return stats
+        req = self._engine_request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream)
+        stall_s = self.gate.policy.speculative.stall_timeout_s if engine == "spec_engine" else None
+        try:
+            for resp in _responses(req, engine, stall_s):
+                if resp.has_error():
+                    err = resp.error()
+                    code = err.code() if hasattr(err, "code") else None
+                    if code == pb_utils.TritonError.INVALID_ARG:
+                        raise InvalidInput(err.message())
+                    raise EngineFailure(f"{engine}: {err.message()}")
+                out = _out(resp, "output_ids")
+                if out is None:  # the flag-only final response
+                    continue
+                stats = _stats(resp, stats)
+                on_tokens([int(t) for t in out.reshape(-1)], stats)
+        except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
+            raise EngineFailure(f"{engine}: {exc}") from exc
         return stats
 
-    @staticmethod
-    def _response(ids: list[int], prev: int, final: bool, route: str, reason: str, s: SpecStats) -> Any:
+    # -- shadow ------------------------------------------------------------------------------------
+    def _start_mirror(self, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None) -> Future:
+        def mirror() -> tuple[list[int], SpecStats]:
+            ids: list[int] = []
+            stats = self._run("spec_engine", llm, d, prompt, stops, lambda t, s: ids.extend(t), stream=False)
+            return ids, stats
+
+        return self.mirrors.submit(mirror)
+
+    def _end_mirror(self, d: Decision, mirror: Future, served: list[int] | None) -> None:
+        """Record the mirror's acceptance and, at T=0, whether it matched what was served."""
+        try:
+            ids, stats = mirror.result(timeout=600)
+        except Exception as exc:
+            log.warning("shadow mirror failed: %s", exc)
+            self.gate.record_failure(d, "speculative")
+            self.gate.end_shadow(d, None)
+            return
+        self.gate.record_speculative(d, stats)
+        self.gate.end_shadow(d, None if served is None else ids != served)
+
+
+_DONE = object()
+
+
+def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[Any]:
+    """The BLS responses of `req`, failing with EngineFailure if none arrives for `stall_s` seconds.
+
+    The BLS iterator is drained on its own thread because it blocks forever when the engine's stub
+    process dies mid-request; that thread is abandoned in that case.
+    """
+    if stall_s is None:
+        yield from req.exec(decoupled=True)
+        return
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for r in req.exec(decoupled=True):
+                q.put(r)
+        except Exception as exc:  # re-raised on the serving thread
+            q.put(exc)
+        q.put(_DONE)
+
+    threading.Thread(target=pump, name=f"bls-{engine}", daemon=True).start()
+    while True:
+        try:
+            item = q.get(timeout=stall_s)
+        except queue.Empty:
+            raise EngineFailure(f"{engine}: no response for {stall_s:.0f} s") from None
+        if item is _DONE:
+            return
+        if isinstance(item, Exception):
+            raise item
+        yield item
+
+
+class _Output:
+    """The client-facing stream of one request: cumulative ids for postprocessing, route and stats."""
+
+    def __init__(self, sender: Any, stream: bool, route: str, reason: str) -> None:
+        self.sender, self.stream = sender, stream
+        self.route, self.reason = route, reason
+        self.ids: list[int] = []
+        self.prev = 0
+        self.stats = SpecStats()
+
+    def send(self, tokens: list[int], stats: SpecStats) -> None:
+        self.ids += tokens
+        self.stats = stats
+        if self.stream and len(self.ids) > self.prev:
+            self.sender.send(self._response(False))
+            self.prev = len(self.ids)
+
+    def finish(self) -> None:
+        self.sender.send(self._response(True), flags=FINAL)
+
+    def fail(self, message: str, invalid_arg: bool) -> None:
+        self.sender.send(error_response(message, invalid_arg), flags=FINAL)
+
+    def _response(self, final: bool) -> Any:
+        s = self.stats
         return pb_utils.InferenceResponse(
             output_tensors=[
-                tensor("output_ids", ids, np.int32),
-                tensor("prev_output_length", [prev], np.int32),
+                tensor("output_ids", self.ids, np.int32),
+                tensor("prev_output_length", [self.prev], np.int32),
                 tensor("is_final", [final], np.bool_),
-                tensor("route", [route.encode()], np.object_),
-                tensor("gate_reason", [reason.encode()], np.object_),
+                tensor("route", [self.route.encode()], np.object_),
+                tensor("gate_reason", [self.reason.encode()], np.object_),
                 tensor("num_draft_tokens", [s.draft_tokens], np.int32),
                 tensor("num_accepted_tokens", [s.accepted_tokens], np.int32),
                 tensor("acceptance_rate", [s.acceptance_rate], np.float32),
-                tensor("num_output_tokens", [len(ids)], np.int32),
+                tensor("num_output_tokens", [len(self.ids)], np.int32),
             ]
         )

@@ -9,7 +9,8 @@ import numpy as np
 
 from specgate.serving.triton_io import error_response, optional_array, optional_scalar, tensor
 from specgate.text.detokenizer import delta_text
-from specgate.text.tokenizer import InvalidInput, PromptTokenizer
+from specgate.errors import InvalidInput
+from specgate.text.tokenizer import PromptTokenizer
 
 import triton_python_backend_utils as pb_utils
 

@@ -3,6 +3,6 @@
 from specgate.speculative.drafter import Drafter, DraftTree
 from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 from specgate.speculative.registry import ALGORITHMS, build_drafters
-from specgate.speculative.stats import SpecStats
+from specgate.stats import SpecStats
 
 __all__ = ["ALGORITHMS", "DraftTree", "Drafter", "SpecStats", "SpecStream", "SpeculativeGenerator", "build_drafters"]

@@ -18,7 +18,7 @@ from specgate.engine.model import KVCache, Llama
 from specgate.engine.sampling import SamplingParams, sample_token, warp
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.registry import check_request
-from specgate.speculative.stats import SpecStats
+from specgate.stats import SpecStats
 from specgate.speculative.verify import verify_greedy, verify_sampling
 
 

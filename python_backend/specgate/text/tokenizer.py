@@ -7,9 +7,7 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-
-class InvalidInput(ValueError):
-    """A request problem the client must fix (maps to INVALID_ARG)."""
+from specgate.errors import InvalidInput
 
 
 class PromptTokenizer:

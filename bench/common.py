@@ -1,0 +1,47 @@
+"""Shared benchmark plumbing: a server started for the run, summary statistics, result files."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def spread(xs: list[float]) -> str:
+    """median [min-max], the way every table in the project reports a measurement."""
+    if not xs:
+        return "n/a"
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def write_results(name: str, markdown: str, raw: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.md").write_text(markdown)
+    (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=2))
+    print(f"\nwrote results/{name}.md and results/{name}.json")
+
+
+@contextmanager
+def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: int = 38002) -> Iterator:
+    """A tritonserver for the benchmark on its own ports, stopped afterwards."""
+    from specgate.launcher import Ports, start, stop, wait_ready
+
+    ports = Ports(http, grpc, metrics)
+    log = RESULTS / "bench-server.log"
+    RESULTS.mkdir(exist_ok=True)
+    proc = start(repo, ports, log_file=log)
+    try:
+        print(f"[bench] starting tritonserver on :{http} (log {log}) ...", flush=True)
+        wait_ready(proc, ports)
+        yield ports
+    finally:
+        stop(proc)

@@ -1,0 +1,124 @@
+"""`make bench-gate`: what the gate costs.
+
+1. Decision latency: `Gate.decide()` in-process over a mixed workload (target p99 < 100 us).
+2. End to end: TPOT through `llm` with the gate routing speculative, against calling `spec_engine`
+   directly over gRPC with the same tokens and algorithm, interleaved per prompt (target: the gate
+   adds at most 5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import time
+
+import numpy as np
+
+from bench.common import ROOT, median, running_server, spread, write_results
+from bench.gate_decision import measure
+from bench.prompts_fixed import DECODE_PROMPTS
+from specgate.client import GenerateParams, GrpcClient
+
+
+def tpot_ms(points: list[tuple[float, int]]) -> float:
+    """ms per token after the first response: (t_last - t_first) / (tokens_last - tokens_first).
+
+    Speculative responses carry several tokens each, so tokens are counted, not responses.
+    """
+    (t0, n0), (t1, n1) = points[0], points[-1]
+    return 1000 * (t1 - t0) / max(n1 - n0, 1)
+
+
+def direct(client, ids: list[int], n: int, algorithm: str, k: int) -> float:
+    """TPOT of a streamed request straight to spec_engine (the engine contract, no gate)."""
+    import tritonclient.grpc as g
+
+    def inp(name: str, arr: np.ndarray, dt: str):
+        t = g.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        return t
+
+    inputs = [
+        inp("input_ids", np.array([ids], np.int32), "INT32"),
+        inp("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
+        inp("request_output_len", np.array([[n]], np.int32), "INT32"),
+        inp("end_id", np.array([[2]], np.int32), "INT32"),
+        inp("streaming", np.array([[True]], np.bool_), "BOOL"),
+    ]
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda r, e: q.put((r, e)))
+    points: list[tuple[float, int]] = []
+    tokens = 0
+    try:
+        client.async_stream_infer("spec_engine", inputs, parameters={"speculative_algorithm": algorithm, "num_speculative_tokens": k})
+        while True:
+            r, e = q.get(timeout=600)
+            if e is not None:
+                raise RuntimeError(str(e))
+            out = r.as_numpy("output_ids")
+            if out is not None and out.size:
+                tokens += out.size
+                points.append((time.perf_counter(), tokens))
+            if r.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+    return tpot_ms(points)
+
+
+def through_gate(client: GrpcClient, prompt: str, n: int, algorithm: str, k: int) -> tuple[float, str]:
+    p = GenerateParams(max_tokens=n, speculative_algorithm=algorithm, num_speculative_tokens=k)
+    chunks = list(client.stream(prompt, p, spec_mode="prod"))
+    points = [(c.t, c.meta["num_output_tokens"]) for c in chunks if c.text]
+    return tpot_ms(points), chunks[-1].meta["route"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--algorithm", default="ngram")
+    ap.add_argument("--k", type=int, default=4)
+    args = ap.parse_args()
+    import tritonclient.grpc as g
+    from transformers import AutoTokenizer
+
+    dec = measure(100_000, ROOT / "policy" / "default.yaml")
+    print(f"[bench-gate] decide(): p50 {dec['p50_us']:.1f} us, p99 {dec['p99_us']:.1f} us", flush=True)
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"))
+    ids = [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)["input_ids"]) for p in DECODE_PROMPTS]
+    res: dict[str, list[float]] = {"direct": [], "gate": []}
+    with running_server(ROOT / "artifacts" / "model_repository") as ports:
+        raw = g.InferenceServerClient(f"localhost:{ports.grpc}")
+        gc = GrpcClient(f"localhost:{ports.grpc}")
+        direct(raw, ids[0], 8, args.algorithm, args.k)  # warm-up
+        for r in range(args.repeats):
+            for prompt, pid in zip(DECODE_PROMPTS, ids):
+                res["direct"].append(direct(raw, pid, args.tokens, args.algorithm, args.k))
+                t, route = through_gate(gc, prompt, args.tokens, args.algorithm, args.k)
+                assert route == "speculative", f"the gate routed {route}; check policy/default.yaml"
+                res["gate"].append(t)
+            print(f"[bench-gate] repeat {r + 1}: direct {median(res['direct']):.1f} ms, gate {median(res['gate']):.1f} ms", flush=True)
+    ratio = [g_ / d for g_, d in zip(res["gate"], res["direct"])]
+    md = [
+        "# bench-gate",
+        "",
+        f"Decision latency, `Gate.decide()` in-process, {dec['n']} mixed decisions: p50 {dec['p50_us']:.1f} us, p99 {dec['p99_us']:.1f} us, max {dec['max_us']:.1f} us (target p99 < 100 us).",
+        "",
+        f"End to end, speculative ({args.algorithm}, k={args.k}), {args.tokens} tokens, {len(DECODE_PROMPTS)} prompts x {args.repeats}, gRPC streaming:",
+        "",
+        "| path | TPOT ms |",
+        "|---|---|",
+        f"| spec_engine directly | {spread(res['direct'])} |",
+        f"| llm -> spec_gate -> spec_engine | {spread(res['gate'])} |",
+        "",
+        f"- gate / direct TPOT, per pair: median {median(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}] (target <= 1.05)",
+        f"- command: `make bench-gate` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+    ]
+    print("\n".join(md))
+    write_results("bench-gate", "\n".join(md) + "\n", {"args": vars(args), "decision": dec, "tpot_ms": res})
+
+
+if __name__ == "__main__":
+    main()

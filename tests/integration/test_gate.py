@@ -1,0 +1,133 @@
+"""Issue 4 against a real tritonserver: routes, breaker, metrics, shadow, live policy edits.
+
+The server runs tests/integration/policy.yaml (org mode off, tenants with their own modes, a fast
+breaker) with fp32 engines; the speculative default there is n-gram, which needs no trained weights.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from specgate.client import GenerateParams
+from tests.conftest import TEST_POLICY
+from tests.integration.metrics import delta, scrape, value
+
+GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)
+# n-gram drafting finds its continuation in the prompt: high acceptance (0.67-0.83 measured at k=4),
+# so tests that are not about the breaker never trip it (anonymous requests share the org breaker).
+ECHO = "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river."
+CAPS = "Rewrite this sentence in all capital letters: the weather today is sunny and warm with a light breeze."
+PROMPT = ECHO
+# nothing to copy, and long drafts: low acceptance
+NOVEL = [
+    "Invent a name for a new color and describe it.",
+    "Write a two-line poem about a lighthouse.",
+    "What would a cat say about Mondays?",
+    "Describe the taste of rain in one sentence.",
+]
+
+
+def route_of(client, prompt=PROMPT, params=GREEDY, **kw) -> tuple[str, str, str]:
+    r = client.generate(prompt, params, **kw)
+    return r.meta["route"], r.meta["gate_reason"], r.text
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_modes_and_headers_select_routes(request, proto):
+    c = request.getfixturevalue(proto)
+    base = route_of(c)
+    assert base[:2] == ("baseline", "mode_off")  # org default is off
+    assert route_of(c, spec_mode="prod")[:2] == ("speculative", "prod")
+    assert route_of(c, api_key="tenant-prod")[:2] == ("speculative", "prod")
+    assert route_of(c, api_key="tenant-prod", spec_mode="off")[:2] == ("baseline", "mode_off")  # header wins
+    assert route_of(c, api_key="nobody")[:2] == ("baseline", "mode_off")  # unknown tenant -> org default
+    hot = GenerateParams(max_tokens=8, temperature=0.9, seed=1, num_speculative_tokens=4)
+    assert route_of(c, params=hot, spec_mode="prod")[:2] == ("baseline", "temperature")
+    on = GenerateParams(max_tokens=24, num_speculative_tokens=4, use_speculative_decoding=True)
+    assert route_of(c, params=on)[:2] == ("speculative", "prod")
+    shadow = route_of(c, api_key="tenant-shadow")
+    assert shadow[:2] == ("baseline", "shadow")
+    # lossless: speculative and shadow-served text equal the baseline's (fp32, greedy)
+    assert route_of(c, spec_mode="prod")[2] == base[2] == shadow[2]
+
+
+def test_metrics_move_by_reported_counts(http, server):
+    before = scrape(server.metrics)
+    r = http.generate(CAPS, GenerateParams(max_tokens=48, num_speculative_tokens=4), spec_mode="prod")
+    after = scrape(server.metrics)
+    assert r.meta["route"] == "speculative" and r.meta["num_draft_tokens"] > 0
+    assert delta(before, after, "spec_decode_num_draft_tokens_total") == r.meta["num_draft_tokens"]
+    assert delta(before, after, "spec_decode_num_accepted_tokens_total") == r.meta["num_accepted_tokens"]
+    assert delta(before, after, "spec_gate_decisions_total", route="speculative", reason="prod") == 1
+    per_pos = sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith("spec_decode_num_accepted_tokens_per_pos_total"))
+    assert per_pos == r.meta["num_accepted_tokens"]
+    assert delta(before, after, "spec_decode_num_drafts_total") >= 1
+    assert any(k.startswith("spec_gate_decision_latency_seconds") for k in after)
+
+
+def test_shadow_counts_zero_mismatches_in_fp32(http, server):
+    before = scrape(server.metrics)
+    for p in [ECHO, CAPS, ECHO]:
+        r = http.generate(p, GREEDY, api_key="tenant-shadow")
+        assert r.meta["route"] == "baseline" and r.meta["gate_reason"] == "shadow"
+        assert r.text == http.generate(p, GREEDY, spec_mode="off").text
+    deadline = time.time() + 120  # mirrors finish after the served responses
+    while delta(before, scrape(server.metrics), "spec_gate_shadow_comparisons_total") < 3 and time.time() < deadline:
+        time.sleep(1)
+    after = scrape(server.metrics)
+    assert delta(before, after, "spec_gate_shadow_comparisons_total") == 3
+    assert delta(before, after, "spec_gate_shadow_mismatch_total") == 0
+
+
+def _spec(http, prompt, key, k=8):
+    return http.generate(prompt, GenerateParams(max_tokens=32, num_speculative_tokens=k), api_key=key)
+
+
+def test_breaker_trips_one_tenant_and_recovers(http, server):
+    # tenant-a: low acceptance until its circuit opens
+    reasons = []
+    for i in range(12):
+        r = _spec(http, NOVEL[i % len(NOVEL)], "tenant-a")
+        reasons.append(r.meta["gate_reason"])
+        if r.meta["gate_reason"] == "circuit_open":
+            break
+    assert reasons[-1] == "circuit_open", f"breaker never opened: {reasons}"
+    # tenant-b is isolated: still speculative
+    assert _spec(http, ECHO, "tenant-b").meta["route"] == "speculative"
+    m = scrape(server.metrics)
+    assert any(k.startswith("spec_gate_circuit_open") and v == 1.0 for k, v in m.items())
+    # after the cooldown, probes with high acceptance close the circuit again
+    time.sleep(3.5)
+    seen = []
+    for _ in range(16):
+        r = _spec(http, ECHO, "tenant-a", k=4)
+        seen.append(r.meta["gate_reason"])
+        if seen[-2:] == ["prod", "prod"]:
+            break
+    assert "half_open_probe" in seen and seen[-1] == "prod", seen
+
+
+def test_policy_edit_takes_effect_live(http):
+    assert route_of(http)[:2] == ("baseline", "mode_off")
+    original = TEST_POLICY.read_text()
+    policy = yaml.safe_load(original)
+    try:
+        policy["mode"] = "prod"
+        tmp = TEST_POLICY.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(policy))
+        tmp.replace(TEST_POLICY)
+        deadline = time.time() + 10
+        while route_of(http)[0] != "speculative":
+            assert time.time() < deadline, "policy edit not picked up within 10 s"
+            time.sleep(0.5)
+        # an invalid edit is rejected and the previous (prod) policy stays
+        TEST_POLICY.write_text("mode: sometimes\n")
+        time.sleep(2.5)
+        assert route_of(http)[0] == "speculative"
+    finally:
+        TEST_POLICY.write_text(original)
+        time.sleep(2.5)
+    assert route_of(http)[0] == "baseline"
