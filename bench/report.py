@@ -57,6 +57,7 @@ WORK = ROOT / "artifacts" / "report"
 SPEC_KEY = "report-speculative"  # the speculative scenario's own tenant: a breaker no other run touched
 SERIES = ("baseline", "speculative", "gated")
 SEED = 0
+REQUEST_TIMEOUT_S = 120  # a request with no response this long counts as an error instead of stalling the cell
 TOLERANCE = 0.05  # "worse" = more than 5% worse: single runs on a shared 2-core machine vary by that much
 
 
@@ -145,7 +146,7 @@ def closed_loop(url: str, specs: list[RequestSpec], concurrency: int) -> tuple[l
     it, lock, out = iter(specs), threading.Lock(), []
 
     def worker() -> None:
-        client = HttpClient(url)
+        client = HttpClient(url, timeout_s=REQUEST_TIMEOUT_S)
         while True:
             with lock:
                 spec = next(it, None)

@@ -15,6 +15,7 @@ Configuration (environment, set by `python -m loadtest.run`):
   SPECGATE_MAX_TOKENS overrides the workload's max_tokens
   SPECGATE_GRPC_URL   gRPC host:port (default: the --host's host, port + 1)
   SPECGATE_SEED       seeds the per-user request sampling (user i uses seed + i)
+  SPECGATE_REQUEST_TIMEOUT  seconds without a response before a request counts as failed (default 120)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from loadtest.workloads import Workload, load  # noqa: E402
 
 _max_tokens = os.environ.get("SPECGATE_MAX_TOKENS")
 WORKLOAD: Workload = load(os.environ.get("SPECGATE_WORKLOAD", "gated")).with_overrides(max_tokens=int(_max_tokens) if _max_tokens else None)
+REQUEST_TIMEOUT_S = float(os.environ.get("SPECGATE_REQUEST_TIMEOUT", 120))
 _user_ids = itertools.count()
 
 
@@ -85,7 +87,7 @@ class HttpStreamUser(_LLMUser):
     weight = WORKLOAD.protocols.get("http", 0)
 
     def make_client(self) -> StreamingClient:
-        return HttpClient(self.host)
+        return HttpClient(self.host, timeout_s=REQUEST_TIMEOUT_S)
 
 
 class GrpcStreamUser(_LLMUser):
@@ -93,4 +95,4 @@ class GrpcStreamUser(_LLMUser):
     weight = WORKLOAD.protocols.get("grpc", 0)
 
     def make_client(self) -> StreamingClient:
-        return GrpcClient(grpc_url(self.host))
+        return GrpcClient(grpc_url(self.host), timeout_s=REQUEST_TIMEOUT_S)

@@ -116,11 +116,11 @@ class HttpClient:
 
 
 class GrpcClient:
-    def __init__(self, url: str = "localhost:8001", model: str = "llm") -> None:
+    def __init__(self, url: str = "localhost:8001", model: str = "llm", timeout_s: float = 600) -> None:
         import tritonclient.grpc as grpcclient
 
         self.g = grpcclient
-        self.url, self.model = url, model
+        self.url, self.model, self.timeout_s = url, model, timeout_s
 
     def _inputs(self, prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
         specs: list[tuple[str, Any, str]] = [
@@ -163,6 +163,7 @@ class GrpcClient:
         client = self.g.InferenceServerClient(self.url)
         t0 = time.perf_counter()
         client.start_stream(callback=lambda result, error: q.put((result, error)), headers=_headers(api_key, spec_mode))
+        finished = False
         try:
             client.async_stream_infer(
                 self.model,
@@ -170,7 +171,10 @@ class GrpcClient:
                 enable_empty_final_response=True,
             )
             while True:
-                result, error = q.get(timeout=600)
+                try:
+                    result, error = q.get(timeout=self.timeout_s)
+                except queue.Empty:
+                    raise ServerError(f"no response for {self.timeout_s:.0f} s") from None
                 if error is not None:
                     raise ServerError(str(error))
                 resp = result.get_response()
@@ -182,9 +186,11 @@ class GrpcClient:
                         time.perf_counter() - t0,
                     )
                 if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
+                    finished = True
                     return
         finally:
-            client.stop_stream()
+            # a caller that stops early (error, timeout, closed generator) must not wait for the server
+            client.stop_stream(cancel_requests=not finished)
             client.close()
 
     def generate(self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True) -> Result:
