@@ -181,6 +181,15 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "cpu_model": cpu, "load_avg": os.getloadavg()[0]}
 
 
+def head_stamp(head_dir: str | None) -> str | None:
+    """Which EAGLE head the engine loaded: heads are retrained in place, so the file time matters."""
+    files = sorted(Path(head_dir).glob("*.safetensors")) if head_dir else []
+    if not files:
+        return None
+    stamp = datetime.fromtimestamp(files[0].stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{Path(head_dir).relative_to(ROOT) if Path(head_dir).is_relative_to(ROOT) else head_dir} (written {stamp})"
+
+
 def summed(cells: list[Cell], key: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for c in cells:
@@ -315,6 +324,8 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
     md.append(f"- gated policy (policy/default.yaml as of this run): mode {g['mode']}, temperature > {g['temperature_threshold']} -> baseline, "
               f"load.max_in_flight {g['load']['max_in_flight']}, breaker opens below {g['breaker']['open_threshold']} acceptance EMA "
               f"after {g['breaker']['min_samples']} requests (cooldown {g['breaker']['cooldown_s']} s)")
+    if meta["eagle_head"]:
+        md.append(f"- EAGLE head: {meta['eagle_head']}")
     if meta["note"]:
         md.append(f"- policy: {meta['note']}")
     md += ["", "## TPOT and throughput against concurrency", "", f"![concurrency]({plot_concurrency(cells, levels)})", "",
@@ -397,7 +408,7 @@ def main() -> None:
         # load before our own server starts: >= 1 means other jobs held at least a core
         "load_start": load_start, "load_end": os.getloadavg()[0], "shared": load_start >= 1.0,
         "dtype": engine["dtype"], "algorithm": gated["speculative"]["algorithm"], "k": gated["speculative"]["num_speculative_tokens"],
-        "note": note, "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
+        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "note": note, "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
     }
     print(f"[report] wrote {write_report(cells, levels, args, meta)}")
 
