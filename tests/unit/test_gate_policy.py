@@ -32,7 +32,7 @@ def test_defaults() -> None:
     assert p.mode is Mode.OFF
     assert p.temperature_threshold == 0.70
     assert p.breaker.open_threshold == 0.55
-    assert p.load.max_in_flight == 4
+    assert p.load.max_in_flight == 1
     assert p.unknown_tenant == "org_default" and p.malformed_header == "reject"
 
 
