@@ -178,7 +178,9 @@ class GateModel:
                 if resp.has_error():
                     err = resp.error()
                     code = err.code() if hasattr(err, "code") else None
-                    if code == pb_utils.TritonError.INVALID_ARG:
+                    # The gate validated every client-facing knob already, so spec_engine refusing a
+                    # request (e.g. an algorithm it has not loaded) is a deployment fault: fall back.
+                    if code == pb_utils.TritonError.INVALID_ARG and engine == "target_engine":
                         raise InvalidInput(err.message())
                     raise EngineFailure(f"{engine}: {err.message()}")
                 out = _out(resp, "output_ids")

@@ -45,5 +45,5 @@ def build_drafters(
         drafters.append(DraftModelDrafter(load_llama(draft_model_dir, dtype, max_len), target, max_len))
     if eagle_head_dir is not None:
         head = load_eagle_head(eagle_head_dir, target, dtype)
-        drafters += [EagleDrafter(head, max_len), Eagle2Drafter(head, max_len)]
+        drafters += [EagleDrafter(head, target, max_len), Eagle2Drafter(head, target, max_len)]
     return {d.name: d for d in drafters}
