@@ -9,7 +9,11 @@ SPEC ?= build/specs/smollm2-eagle.yaml
 SMOKE_SPEC ?= build/specs/smollm2-ngram.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching loadtest train-eagle gpu-smoke clean
+SCENARIO ?= all
+USERS ?= 4
+DURATION ?= 60s
+
+.PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching bench-report loadtest train-eagle gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
@@ -47,10 +51,13 @@ bench-gate: build-engines  ## gate decision latency and end-to-end overhead
 bench-batching: build-engines  ## batched vs unbatched baseline vs speculative at concurrency 1-8
 	$(VPY) -m bench.batching
 
-bench: bench-baseline bench-engine bench-gate bench-batching
+bench-report: build-engines  ## concurrency sweep through a real server + one Markdown/PNG report of all results
+	$(VPY) -m bench.report
 
-loadtest: setup  ## Locust against a running server (make serve)
-	$(VPY) -m loadtest.run
+bench: bench-baseline bench-engine bench-gate bench-batching bench-report  ## everything, then results/report/
+
+loadtest: setup  ## Locust against a running server (make serve): SCENARIO=all|baseline|speculative|gated|mixed-temperature USERS= DURATION=
+	$(VPY) -m loadtest.run --scenario $(SCENARIO) --users $(USERS) --duration $(DURATION)
 
 train-eagle: build-engines  ## train the EAGLE head on CPU (resumes; never run in CI)
 	$(VPY) -m pip install --quiet -e '.[train]'
