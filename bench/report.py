@@ -46,11 +46,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, median, running_server, spread  # noqa: E402
+from bench.common import ROOT, RESULTS, median, spread  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
+from specgate.launcher import Ports, start, stop, wait_ready  # noqa: E402
 
 OUT = RESULTS / "report"
 WORK = ROOT / "artifacts" / "report"
@@ -391,7 +392,12 @@ def main() -> None:
     load_start, t0 = os.getloadavg()[0], time.perf_counter()
     started = datetime.now(timezone.utc)
     cells: list[Cell] = []
-    with running_server(WORK / "model_repository", http, grpc, mport) as ports:
+    ports = Ports(http, grpc, mport)
+    # its own log: other benchmarks' servers share results/bench-server.log
+    server = start(WORK / "model_repository", ports, log_file=OUT / "server.log")
+    try:
+        print(f"[report] starting tritonserver on :{http} (log {OUT / 'server.log'}) ...", flush=True)
+        wait_ready(server, ports)
         url = f"localhost:{ports.http}"
         # warm-up off the measured cells (first-call allocations, batch shapes); SPEC_KEY keeps the org breaker fresh
         closed_loop(url, [replace(s, api_key=SPEC_KEY) for s in requests_for("baseline", 4, args.max_tokens)], 2)
@@ -403,6 +409,8 @@ def main() -> None:
                 apply_policy(want)
                 active = want
             cells.append(run_cell(sc, c, ports, args))
+    finally:
+        stop(server)
     meta = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine(),
         # load before our own server starts: >= 1 means other jobs held at least a core
