@@ -292,7 +292,7 @@ def checks(cells: list[Cell], levels: list[int]) -> list[str]:
     if 1 in levels:
         g, s = median(get[("gated", 1)].tpot_ms()), median(get[("speculative", 1)].tpot_ms())
         out.append(f"**Single stream (c=1, T=0): gated TPOT {g:.1f} ms vs speculative {s:.1f} ms ({pct(g, s)}): "
-                   f"{'within' if abs(g / s - 1) <= 0.05 else 'NOT within'} 5%.**")
+                   f"{'at most' if g <= s * 1.05 else 'NOT at most'} 5% slower.**")
     return out
 
 
