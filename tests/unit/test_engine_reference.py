@@ -15,6 +15,8 @@ from specgate.engine.sampling import SamplingParams
 from tests.prompts import GREEDY_PROMPTS
 
 NEW_TOKENS = 64
+# 20 prompts x 64 tokens through both engines: ~2 min on a quiet 2-core machine, 7+ on a busy one
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
