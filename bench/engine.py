@@ -195,8 +195,9 @@ def summarize(runs: dict[str, list[tuple[Run, Run]]], memory: dict[str, float]) 
     """One row per algorithm from its (baseline run, algorithm run) pairs."""
     rows = []
     for name, pairs in runs.items():
-        tpot = [r.tpot_ms for _, r in pairs if r.tpot_ms == r.tpot_ms]
-        speed = [b.tpot_ms / r.tpot_ms for b, r in pairs if b.tpot_ms == b.tpot_ms and r.tpot_ms == r.tpot_ms]
+        # a one-token output has no TPOT (nan): left out of the medians
+        tpot = [r.tpot_ms for _, r in pairs if not math.isnan(r.tpot_ms)]
+        speed = [b.tpot_ms / r.tpot_ms for b, r in pairs if not (math.isnan(b.tpot_ms) or math.isnan(r.tpot_ms))]
         drafts = sum(r.stats.num_drafts for _, r in pairs)
         draft_tokens = sum(r.stats.draft_tokens for _, r in pairs)
         accepted = sum(r.stats.accepted_tokens for _, r in pairs)
@@ -205,7 +206,7 @@ def summarize(runs: dict[str, list[tuple[Run, Run]]], memory: dict[str, float]) 
                 "algorithm": name,
                 "prompts": len(pairs),
                 "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-                "accepted_per_step": 1 + accepted / drafts if drafts else None,
+                "accepted_per_step": 1 + accepted / drafts if drafts else 1.0,  # as SpecStats.mean_acceptance_length
                 "tpot_ms": tpot,
                 "speedup": speed,
                 "median_tpot_ms": median(tpot),
@@ -283,7 +284,7 @@ def targets(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     out.append(check("no algorithm slower than baseline on any category", not slow, f"slower: {', '.join(slow)}" if slow else "none slower"))
     for algo, cases in slow.items():
         gain = [r["accepted_per_step"] - 1 for _, r, _ in cases]
-        cost = [r["draft_ms_per_step"] / b["median_tpot_ms"] for _, r, b in cases]
+        cost = [(r["draft_ms_per_step"] or 0.0) / b["median_tpot_ms"] for _, r, b in cases]
         out.append(
             f"  - {algo} ({'; '.join(w for w, _, _ in cases)}): each target forward yields only "
             f"{_pct_range(gain)} more tokens, while drafting costs {_pct_range(cost)} of a baseline step "
