@@ -258,4 +258,7 @@ def load_llama(checkpoint_dir: Path, dtype: torch.dtype, max_len: int) -> Llama:
         model = Llama(cfg, max_len)
     model.load_state_dict(ours, assign=True)
     model.rotary = Rotary(cfg, max_len)  # rebuilt off the meta device
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if cfg.tie_word_embeddings:  # .to() copied the shared tensor into two parameters; share it again
+        model.lm_head.weight = model.embed.weight
+    return model
