@@ -271,7 +271,7 @@ def save(fig: Any, name: str) -> str:
 
 
 def pct(a: float, b: float) -> str:
-    return f"{100 * (a / b - 1):+.1f}%"
+    return f"{100 * (a / b - 1):+.1f}%" if b and not math.isnan(b) else "n/a"  # b = 0 when every request of a cell failed
 
 
 def checks(cells: list[Cell], levels: list[int]) -> list[str]:
