@@ -46,7 +46,7 @@ def direct(client, ids: list[int], n: int, algorithm: str, k: int) -> float:
         inp("streaming", np.array([[True]], np.bool_), "BOOL"),
     ]
     q: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda r, e: q.put((r, e)))
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
     points: list[tuple[float, int]] = []
     tokens = 0
     try:

@@ -45,6 +45,14 @@ def _out(resp: Any, name: str) -> np.ndarray | None:
     return None if t is None else t.as_numpy()
 
 
+def _stop_words(arr: np.ndarray | None) -> np.ndarray | None:
+    """preprocessing's [2, n] stop_words_list, or None when it holds no stop sequence."""
+    if arr is None or arr.size < 2 or arr.size % 2:
+        return None
+    arr = arr.reshape(2, -1)
+    return arr if (arr[1] >= 0).any() else None
+
+
 def _stats(resp: Any, last: SpecStats) -> SpecStats:
     """Cumulative draft statistics from an engine response; engines may omit them on some responses."""
     drafted, accepted = _out(resp, "total_draft_tokens"), _out(resp, "total_accepted_draft_tokens")
@@ -73,15 +81,20 @@ class GateModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            decision = None
             try:
                 llm = self._parse(request)
+                prompt = [int(t) for t in optional_array(request, "input_ids").reshape(-1)]
+                stops = _stop_words(optional_array(request, "stop_words_list"))
                 decision = self.gate.decide(llm)
+                self.pool.submit(self._serve, sender, llm, decision, prompt, stops)
             except (InvalidInput, PolicyError) as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
-                continue
-            prompt = [int(t) for t in optional_array(request, "input_ids").reshape(-1)]
-            stops = optional_array(request, "stop_words_list")
-            self.pool.submit(self._serve, sender, llm, decision, prompt, stops)
+            except Exception as exc:  # answer, and release the in-flight slot the decision took
+                log.exception("could not start request")
+                if decision is not None:
+                    self.gate.finish(decision)
+                sender.send(error_response(f"gate error: {exc}", invalid_arg=False), flags=FINAL)
         return None
 
     def finalize(self) -> None:
@@ -147,7 +160,7 @@ class GateModel:
         ]
         if llm.seed is not None:
             inputs.append(tensor("seed", [[llm.seed & (2**64 - 1)]], np.uint64))
-        if stops is not None and stops.size and (stops.reshape(2, -1)[1] >= 0).any():
+        if stops is not None:
             inputs.append(tensor("stop_words_list", stops.reshape(1, 2, -1), np.int32))
         params = {PARAM_ALGORITHM: d.algorithm, PARAM_NUM_SPEC_TOKENS: int(d.num_speculative_tokens)} if engine == "spec_engine" else {}
         return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=self.outputs, parameters=params)
