@@ -4,7 +4,7 @@ Greedy: every algorithm's output is token-identical to plain greedy decoding wit
 The EAGLE head here is randomly initialised, so its drafts are mostly wrong: losslessness must not
 depend on draft quality. A test-only oracle drafter hides the true continuation among wrong
 siblings, so deep tree paths are accepted and the KV-cache compaction is exercised.
-By default a subset runs (CI budget); SPECGATE_LOSSLESS_FULL=1 runs 50 prompts x 64 new tokens.
+By default all 50 prompts x 64 new tokens run (the issue's bar); SPECGATE_LOSSLESS_QUICK=1 runs a 6 x 24 subset.
 
 Sampling: with the real target p and real draft q, speculative sampling's first verified token
 follows p (chi-square), for a sampled chain and a deterministic tree.
@@ -36,7 +36,9 @@ from specgate.speculative.verify import verify_sampling
 from specgate.text.tokenizer import PromptTokenizer
 from tests.unit.stat_helpers import passes_chi2
 
-FULL = os.environ.get("SPECGATE_LOSSLESS_FULL") == "1"
+# The bar (50 prompts x 64 tokens per algorithm) runs in `make test`: 13 min on a quiet 2-core
+# machine. SPECGATE_LOSSLESS_QUICK=1 runs 6 x 24 for fast local iterations.
+FULL = os.environ.get("SPECGATE_LOSSLESS_QUICK") != "1"
 NUM_PROMPTS, NEW_TOKENS = (50, 64) if FULL else (6, 24)
 pytestmark = pytest.mark.timeout(3600 if FULL else 600)  # the full reference alone takes minutes
 MAX_LEN = 320
