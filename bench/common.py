@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -36,7 +37,8 @@ def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: in
     from specgate.launcher import Ports, start, stop, wait_ready
 
     ports = Ports(http, grpc, metrics)
-    log = RESULTS / "bench-server.log"
+    # one log per run (start() truncates its log): runs on other ports, or later runs, keep theirs
+    log = RESULTS / f"bench-server-{http}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     RESULTS.mkdir(exist_ok=True)
     proc = start(repo, ports, log_file=log)
     try:

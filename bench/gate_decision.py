@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.gate_decision [--n 100000] [--policy policy/default.yaml]
 
 A mixed workload (tenants, unknown keys, temperatures, canary and shadow requests, the policy-file
-mtime check) with metrics going to an in-memory factory shaped like pb_utils, so the cost of
+mtime check) with metrics going to `InMemoryMetricFactory` (shaped like pb_utils), so the cost of
 recording the decision is included. Not a test: numbers depend on the machine.
 """
 
@@ -16,38 +16,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from specgate.gate import Gate, RequestInputs
+from specgate.gate.metrics import InMemoryMetricFactory
 
 REPO = Path(__file__).resolve().parents[1]
 TENANTS = {f"tenant-key-{i}": ("prod", "shadow", "off")[i % 3] for i in range(20)}
-
-
-class _Metric:
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def increment(self, v: float) -> None:
-        self.value += v
-
-    def set(self, v: float) -> None:
-        self.value = v
-
-    def observe(self, v: float) -> None:
-        self.value += v
-
-
-class _Family:
-    COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
-
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        pass
-
-    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _Metric:  # noqa: N802
-        return _Metric()
 
 
 def _policy_file(base: Path, directory: Path) -> Path:
@@ -75,7 +49,7 @@ def _workload(n: int, seed: int) -> list[RequestInputs]:
 def measure(n: int, policy: Path) -> dict:
     """Time `n` decisions (after a warm-up); returns p50/p99/max in microseconds and reason counts."""
     with tempfile.TemporaryDirectory() as tmp:
-        gate = Gate(str(_policy_file(policy, Path(tmp))), metric_factory=SimpleNamespace(MetricFamily=_Family))
+        gate = Gate(str(_policy_file(policy, Path(tmp))), metric_factory=InMemoryMetricFactory())
         requests = _workload(n, seed=0)
         warmup = 2000  # fills the label and metric caches; not measured
         samples: list[int] = []

@@ -1,4 +1,8 @@
-"""Deltas of the gate's Prometheus metrics over a run, grouped by label (what the reports show)."""
+"""The one scraper of the server's Prometheus text: samples, deltas over a run, grouped by label.
+
+Used by the load test, bench/report.py and the integration tests. Hand-written because
+prometheus_client is not a dependency and Triton writes the plain one-sample-per-line format.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +18,24 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(url: str) -> Samples:
+def scrape(url: str | int) -> Samples:
+    """{(name, frozenset of (label, value)): value} for every sample; `url` may be a localhost metrics port."""
+    if isinstance(url, int):
+        url = f"http://localhost:{url}/metrics"
     out: Samples = {}
     for line in requests.get(url, timeout=10).text.splitlines():
         if m := _SAMPLE.match(line):
             out[(m.group(1), frozenset(_LABEL.findall(m.group(2) or "")))] = float(m.group(3))
     return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sample of `name` with exactly these labels; 0 when absent."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
 
 
 def delta_by(before: Samples, after: Samples, name: str, *labels: str) -> dict[str, float]:

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from loadtest.metrics import delta, scrape
 from specgate.client import GenerateParams, collect
-from tests.integration.metrics import delta, scrape
 
 PROMPTS = [
     "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river.",

@@ -1,72 +1,30 @@
-"""Metrics through a fake pb_utils factory: families, labels, exact counts, per-label-set caching."""
+"""Metrics through the in-memory pb_utils-shaped factory: families, labels, exact counts, per-label-set caching."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics
+from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
 from specgate.gate.router import Gate, RequestInputs
 from specgate.stats import SpecStats
 
 
-class FakeMetric:
-    def __init__(self, kind: str, labels: dict[str, str], buckets: list[float] | None) -> None:
-        self.kind, self.labels, self.buckets = kind, labels, buckets
-        self.value = 0.0
-        self.observations: list[float] = []
-
-    def increment(self, v: float) -> None:
-        assert self.kind == "counter" and v >= 0
-        self.value += v
-
-    def set(self, v: float) -> None:
-        assert self.kind == "gauge"
-        self.value = v
-
-    def observe(self, v: float) -> None:
-        assert self.kind == "histogram"
-        self.observations.append(v)
-
-
-class FakeFamily:
-    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    registry: dict[str, FakeFamily] = {}
-
-    def __init__(self, name: str, description: str, kind: str) -> None:
-        assert name not in self.registry, f"family {name} registered twice"
-        self.name, self.kind, self.metrics = name, kind, []
-        self.registry[name] = self
-
-    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> FakeMetric:  # noqa: N802
-        assert isinstance(labels, dict)
-        assert (buckets is not None) == (self.kind == "histogram"), "buckets only (and always) for histograms"
-        m = FakeMetric(self.kind, labels, buckets)
-        self.metrics.append(m)
-        return m
-
-    def value(self, **labels: str) -> float:
-        found = [m for m in self.metrics if m.labels == labels]
-        assert len(found) <= 1, "a label set must map to one cached Metric"
-        return found[0].value if found else 0.0
+@pytest.fixture
+def pb() -> InMemoryMetricFactory:
+    return InMemoryMetricFactory()
 
 
 @pytest.fixture
-def fams() -> dict[str, FakeFamily]:
-    FakeFamily.registry = {}
-    return FakeFamily.registry
+def fams(pb: InMemoryMetricFactory) -> dict[str, InMemoryFamily]:
+    return pb.families
 
 
-def fake_pb_utils() -> SimpleNamespace:
-    return SimpleNamespace(MetricFamily=FakeFamily)
-
-
-def test_families_and_kinds(fams: dict[str, FakeFamily]) -> None:
-    GateMetrics(fake_pb_utils())
+def test_families_and_kinds(pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    GateMetrics(pb)
     kinds = {n: f.kind for n, f in fams.items()}
     assert kinds == {
         "spec_decode_num_drafts_total": "counter",
@@ -84,8 +42,8 @@ def test_families_and_kinds(fams: dict[str, FakeFamily]) -> None:
     }
 
 
-def test_speculative_stats_exact_counts(fams: dict[str, FakeFamily]) -> None:
-    m = GateMetrics(fake_pb_utils())
+def test_speculative_stats_exact_counts(pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    m = GateMetrics(pb)
     m.speculative_stats(5, 20, 12, [5, 4, 2, 1])
     m.speculative_stats(3, 12, 3, [2, 1, 0, 0])
     assert fams["spec_decode_num_drafts_total"].value() == 8
@@ -96,10 +54,10 @@ def test_speculative_stats_exact_counts(fams: dict[str, FakeFamily]) -> None:
     assert len(per_pos.metrics) == 4  # cached per label set, not one Metric per call
 
 
-def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, fams: dict[str, FakeFamily]) -> None:
+def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\n")
-    gate = Gate(str(path), metric_factory=fake_pb_utils())
+    gate = Gate(str(path), metric_factory=pb)
     label = hashlib.sha256(b"secret-key").hexdigest()[:8]
 
     decisions = [gate.decide(RequestInputs(api_key="secret-key", temperature=t)) for t in (0.1, 0.2, 0.9)]
@@ -146,8 +104,8 @@ def test_no_factory_exports_nothing_and_works() -> None:
     assert d.route == "speculative"
 
 
-def test_dashboard_plots_every_gate_metric_and_triton_ones(fams: dict[str, FakeFamily]) -> None:
-    GateMetrics(fake_pb_utils())
+def test_dashboard_plots_every_gate_metric_and_triton_ones(pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    GateMetrics(pb)
     dash = json.loads((Path(__file__).resolve().parents[2] / "dashboards" / "specgate.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
     for name in fams:
@@ -157,8 +115,8 @@ def test_dashboard_plots_every_gate_metric_and_triton_ones(fams: dict[str, FakeF
     assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource"}
 
 
-def test_drafts_estimated_when_the_engine_reports_none(fams: dict[str, FakeFamily]) -> None:
-    gate = Gate(None, metric_factory=fake_pb_utils())
+def test_drafts_estimated_when_the_engine_reports_none(pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    gate = Gate(None, metric_factory=pb)
     d = gate.decide(RequestInputs(use_speculative_decoding=True, num_speculative_tokens=3))
     gate.record_speculative(d, SpecStats(draft_tokens=7, accepted_tokens=5, num_drafts=0))
     gate.record_speculative(d, SpecStats(draft_tokens=0, accepted_tokens=0, num_drafts=0))

@@ -1,7 +1,7 @@
 """The gate's Prometheus metrics, exported through Triton's `pb_utils.MetricFamily`.
 
 The metric-family factory is injected: the adapter passes `triton_python_backend_utils` itself, tests
-pass a fake with the same shape (`factory.MetricFamily(name=, description=, kind=)`, the kinds as
+and bench/gate_decision.py pass `InMemoryMetricFactory` (below), which has the same shape (`factory.MetricFamily(name=, description=, kind=)`, the kinds as
 `MetricFamily.COUNTER|GAUGE|HISTOGRAM`, `family.Metric(labels=..., buckets=...)`, and
 `.increment(v)` / `.set(v)` / `.observe(v)`). Metric objects are cached per label set.
 
@@ -147,3 +147,70 @@ class _NullFamily:
 
 
 _NULL_FACTORY = SimpleNamespace(MetricFamily=_NullFamily)
+
+
+class InMemoryMetric:
+    """One exported series: `value` for counters and gauges, every observation for histograms."""
+
+    def __init__(self, kind: str, labels: dict[str, str], buckets: list[float] | None) -> None:
+        self.kind, self.labels, self.buckets = kind, labels, buckets
+        self.value = 0.0
+        self.observations: list[float] = []
+
+    def increment(self, value: float) -> None:
+        assert self.kind == "counter" and value >= 0
+        self.value += value
+
+    def set(self, value: float) -> None:
+        assert self.kind == "gauge"
+        self.value = value
+
+    def observe(self, value: float) -> None:
+        assert self.kind == "histogram"
+        self.observations.append(value)
+
+
+class InMemoryFamily:
+    def __init__(self, name: str, kind: str) -> None:
+        self.name, self.kind = name, kind
+        self.metrics: list[InMemoryMetric] = []
+
+    def Metric(  # noqa: N802 (pb_utils' name)
+        self, labels: dict[str, str], buckets: list[float] | None = None
+    ) -> InMemoryMetric:
+        assert isinstance(labels, dict)
+        assert (buckets is not None) == (self.kind == "histogram"), "buckets only (and always) for histograms"
+        metric = InMemoryMetric(self.kind, labels, buckets)
+        self.metrics.append(metric)
+        return metric
+
+    def value(self, **labels: str) -> float:
+        """The value of the series with exactly these labels; 0 when it was never created."""
+        found = [m for m in self.metrics if m.labels == labels]
+        assert len(found) <= 1, "a label set must map to one cached Metric"
+        return found[0].value if found else 0.0
+
+
+class _InMemoryFamilyConstructor:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+    def __init__(self, families: dict[str, InMemoryFamily]) -> None:
+        self._families = families
+
+    def __call__(self, name: str, description: str, kind: str) -> InMemoryFamily:
+        assert name not in self._families, f"family {name} registered twice"
+        family = self._families[name] = InMemoryFamily(name, kind)
+        return family
+
+
+class InMemoryMetricFactory:
+    """A pb_utils-shaped factory that keeps every metric in memory, checking pb_utils' rules as it
+    goes (kinds, buckets only for histograms, one family per name). `families` maps name -> family.
+
+    For tests and bench/gate_decision.py (which times decisions with their metric updates included);
+    the serving path passes the real `triton_python_backend_utils`.
+    """
+
+    def __init__(self) -> None:
+        self.families: dict[str, InMemoryFamily] = {}
+        self.MetricFamily = _InMemoryFamilyConstructor(self.families)  # noqa: N815 (pb_utils' name)
