@@ -70,6 +70,11 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype)
         self.max_len = max_len
 
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy slot `src`'s first `length` entries to slot `dst` (keeps a batch's slots contiguous)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
     def compact(self, slot: int, start: int, keep: Tensor) -> None:
         """Move entries `start + keep[i]` to `start + i`: keeps the accepted path of a verified tree."""
         src = start + keep
@@ -156,6 +161,9 @@ class Attn:
         self.T = T
         B = slots.numel()
         self.single = B == 1
+        lo = int(slots[0])
+        # The batch runner keeps its slots packed at 0..n-1 in order, so batched reads are views.
+        self.first_slot = lo if torch.equal(slots, torch.arange(lo, lo + B)) else None
         ends = cache_lens + T
         self.kv_len = int(ends.max())
         self.is_causal = False
@@ -184,10 +192,17 @@ class Attn:
             cache_k[s, :, start : start + self.T] = k[0]
             cache_v[s, :, start : start + self.T] = v[0]
             return cache_k[s : s + 1, :, : start + self.T], cache_v[s : s + 1, :, : start + self.T]
-        for b in range(self.slots.numel()):
-            s, start = int(self.slots[b]), int(self.starts[b])
-            cache_k[s, :, start : start + self.T] = k[b]
-            cache_v[s, :, start : start + self.T] = v[b]
+        if self.T == 1:  # batched decode: one scatter per layer, not one copy per sequence
+            cache_k[self.slots, :, self.starts] = k[:, :, 0]
+            cache_v[self.slots, :, self.starts] = v[:, :, 0]
+        else:
+            for b in range(self.slots.numel()):
+                s, start = int(self.slots[b]), int(self.starts[b])
+                cache_k[s, :, start : start + self.T] = k[b]
+                cache_v[s, :, start : start + self.T] = v[b]
+        if self.first_slot is not None:  # contiguous slots: attend over a view, no gather copy
+            lo, hi = self.first_slot, self.first_slot + self.slots.numel()
+            return cache_k[lo:hi, :, : self.kv_len], cache_v[lo:hi, :, : self.kv_len]
         return cache_k[self.slots, :, : self.kv_len], cache_v[self.slots, :, : self.kv_len]
 
 

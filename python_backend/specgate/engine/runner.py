@@ -132,7 +132,8 @@ class BatchRunner:
             elif now - seq.enqueued > self.cfg.queue_timeout_s:
                 dropped.append((seq, f"timed out after {self.cfg.queue_timeout_s:g}s in queue"))
             elif self._free:
-                seq.slot = self._free.pop(0)
+                seq.slot = min(self._free)
+                self._free.remove(seq.slot)
                 self._active.append(seq)
                 admitted.append(seq)
             else:
@@ -141,7 +142,17 @@ class BatchRunner:
         return admitted, dropped
 
     def _prune(self) -> None:
+        """Drop finished sequences and pack the rest into slots 0..n-1, so that a decode step reads
+        the cache through a view instead of gathering it (a copy per layer per step)."""
         self._active = [s for s in self._active if not s.done]
+        for seq in sorted(self._active, key=lambda s: -s.slot):
+            hole = min(self._free, default=self.cfg.max_batch_size)
+            if hole > seq.slot:
+                break
+            self.cache.move(seq.slot, hole, seq.length)
+            self._free.remove(hole)
+            self._free.append(seq.slot)
+            seq.slot = hole
 
     def _prefill(self, seq: _Seq) -> None:
         seq.gen = seq.req.sampling.generator()
@@ -152,7 +163,7 @@ class BatchRunner:
 
     def _decode_step(self) -> None:
         live = []
-        for s in self._active:
+        for s in sorted(self._active, key=lambda s: s.slot):
             if s.is_cancelled():
                 self._finish(s)
             else:
