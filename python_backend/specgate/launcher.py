@@ -71,6 +71,12 @@ def server_env() -> dict[str, str]:
     libs = [sysconfig.get_config_var("LIBDIR") or "", str(_pytriton_dir().parent.parent / "nvidia_pytriton.libs")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (*libs, env.get("LD_LIBRARY_PATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    # Both engines' stubs share the cores with each other and the tokenizer steps. With OpenMP's
+    # default spin-waiting, a busy engine's waiting threads burn the cores the other one needs:
+    # on 2 cores a bf16 decode step took 560 ms beside another busy torch process instead of 31 ms
+    # with passive waiting. Passive waiting costs a lone engine ~20% per step; to trade back, set
+    # OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=3000 (measured: docs/batching.md).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 

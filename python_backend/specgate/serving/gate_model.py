@@ -6,21 +6,29 @@ requests stream concurrently. The policy itself lives in `specgate.gate` (tested
 Failure handling: if `spec_engine` fails or is unavailable, the request continues on
 `target_engine` from the tokens already streamed (prompt + emitted ids), so the client sees no
 error, and the failure is counted (repeated failures open the tenant's circuit).
+
+Hand-over under load: when the load rule sends a request to the baseline while speculative
+requests are running, the gate asks spec_engine (CPU engines only) to hand them over; each then
+continues on the batched baseline the same way, with reason `load`. Otherwise a speculative request
+that started alone keeps the one-at-a-time engine busy beside the batch, and both slow down.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_NUM_SPEC_TOKENS
+from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, engine_inputs
 from specgate.gate import Decision, Gate, PolicyError
+from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
 from specgate.llm_request import LLMRequest, parse_llm_request
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.stats import SpecStats
@@ -31,13 +39,17 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger(__name__)
 
 ENGINE_OUTPUT_NAMES = ["output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
-EXTENSION_OUTPUT_NAMES = ["num_drafts", "accepted_per_position"]
+EXTENSION_OUTPUT_NAMES = ["num_drafts", "accepted_per_position", "handed_over"]
 _LLM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "use_speculative_decoding", "num_speculative_tokens")
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
 
 
 class EngineFailure(RuntimeError):
     """The engine failed (not the client's fault): fall back if possible."""
+
+
+class HandedOver(Exception):
+    """spec_engine stopped the request early, as the gate asked: continue it on the baseline."""
 
 
 def _out(resp: Any, name: str) -> np.ndarray | None:
@@ -73,10 +85,14 @@ class GateModel:
         p = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.max_output_len = int(p["max_output_len"])
         self.end_id = int(p["end_id"])
-        self.outputs = ENGINE_OUTPUT_NAMES + (EXTENSION_OUTPUT_NAMES if p["engine_extensions"] == "true" else [])
+        self.extensions = p["engine_extensions"] == "true"
+        self.outputs = ENGINE_OUTPUT_NAMES + (EXTENSION_OUTPUT_NAMES if self.extensions else [])
         self.gate = Gate(p["policy_path"], metric_factory=pb_utils)
         self.pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="gate")
         self.mirrors = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shadow")
+        self._speculating = 0  # speculative requests and mirrors now on spec_engine
+        self._lock = threading.Lock()
+        self._handing_over = threading.Lock()  # at most one hand-over message in flight
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -88,6 +104,8 @@ class GateModel:
                 stops = _stop_words(optional_array(request, "stop_words_list"))
                 decision = self.gate.decide(llm)
                 self.pool.submit(self._serve, sender, llm, decision, prompt, stops)
+                if decision.reason == LOAD and self.extensions and self._speculating:
+                    self.pool.submit(self._hand_over)
             except (InvalidInput, PolicyError) as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
             except Exception as exc:  # answer, and release the in-flight slot the decision took
@@ -120,6 +138,13 @@ class GateModel:
                 try:
                     stats = self._run("spec_engine", llm, d, prompt, stops, out.send)
                     self.gate.record_speculative(d, stats)
+                except HandedOver:
+                    spec_stats = out.stats
+                    self.gate.record_speculative(d, spec_stats)
+                    out.route, out.reason = "baseline", LOAD
+                    # the response keeps reporting the drafts made before the hand-over
+                    keep_stats = lambda tokens, _: out.send(tokens, spec_stats)  # noqa: E731
+                    self._run("target_engine", llm, d, prompt + out.ids, stops, keep_stats, already=len(out.ids))
                 except EngineFailure as exc:
                     log.warning("spec_engine failed, continuing on target_engine: %s", exc)
                     self.gate.record_failure(d, "speculative")
@@ -146,22 +171,11 @@ class GateModel:
             self.gate.finish(d)
 
     def _engine_request(self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool) -> Any:
-        inputs = [
-            tensor("input_ids", [ids], np.int32),
-            tensor("input_lengths", [[len(ids)]], np.int32),
-            tensor("request_output_len", [[max_tokens]], np.int32),
-            tensor("end_id", [[self.end_id]], np.int32),
-            tensor("pad_id", [[self.end_id]], np.int32),
-            tensor("temperature", [[llm.temperature]], np.float32),
-            tensor("runtime_top_k", [[llm.top_k]], np.int32),
-            tensor("runtime_top_p", [[llm.top_p]], np.float32),
-            tensor("streaming", [[stream]], np.bool_),
-            tensor("return_perf_metrics", [[True]], np.bool_),
-        ]
-        if llm.seed is not None:
-            inputs.append(tensor("seed", [[llm.seed & (2**64 - 1)]], np.uint64))
-        if stops is not None:
-            inputs.append(tensor("stop_words_list", stops.reshape(1, 2, -1), np.int32))
+        arrays = engine_inputs(
+            ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
+            seed=llm.seed, streaming=stream, stop_words=stops,
+        )
+        inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
         params = {PARAM_ALGORITHM: d.algorithm, PARAM_NUM_SPEC_TOKENS: int(d.num_speculative_tokens)} if engine == "spec_engine" else {}
         return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=self.outputs, parameters=params)
 
@@ -185,7 +199,11 @@ class GateModel:
         if remaining <= 0:
             return stats
         req = self._engine_request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream)
-        stall_s = self.gate.policy.speculative.stall_timeout_s if engine == "spec_engine" else None
+        speculative = engine == "spec_engine"
+        stall_s = self.gate.policy.speculative.stall_timeout_s if speculative else None
+        handed_over = False
+        if speculative:
+            self._count_speculating(+1)
         try:
             for resp in _responses(req, engine, stall_s):
                 if resp.has_error():
@@ -201,15 +219,45 @@ class GateModel:
                     continue
                 stats = _stats(resp, stats)
                 on_tokens([int(t) for t in out.reshape(-1)], stats)
+                flag = _out(resp, "handed_over")
+                handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
             raise EngineFailure(f"{engine}: {exc}") from exc
+        finally:
+            if speculative:
+                self._count_speculating(-1)
+        if handed_over:
+            raise HandedOver()
         return stats
+
+    def _count_speculating(self, delta: int) -> None:
+        with self._lock:
+            self._speculating += delta
+
+    def _hand_over(self) -> None:
+        """Ask spec_engine to hand every running or queued request over (see the module doc)."""
+        if not self._handing_over.acquire(blocking=False):
+            return  # one message covers every request submitted before it
+        try:
+            arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
+            inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
+            req = pb_utils.InferenceRequest(model_name="spec_engine", inputs=inputs, requested_output_names=["output_ids"], parameters={PARAM_HAND_OVER: True})
+            for resp in _responses(req, "spec_engine", 10.0):
+                if resp.has_error():
+                    log.warning("spec_engine refused the hand-over: %s", resp.error().message())
+        except Exception as exc:  # the requests then simply finish on spec_engine
+            log.warning("hand-over to the baseline failed: %s", exc)
+        finally:
+            self._handing_over.release()
 
     # -- shadow ------------------------------------------------------------------------------------
     def _start_mirror(self, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None) -> Future:
-        def mirror() -> tuple[list[int], SpecStats]:
+        def mirror() -> tuple[list[int], SpecStats] | None:
             ids: list[int] = []
-            stats = self._run("spec_engine", llm, d, prompt, stops, lambda t, s: ids.extend(t), stream=False)
+            try:
+                stats = self._run("spec_engine", llm, d, prompt, stops, lambda t, s: ids.extend(t), stream=False)
+            except HandedOver:
+                return None  # stopped early under load: nothing to compare
             return ids, stats
 
         return self.mirrors.submit(mirror)
@@ -217,17 +265,52 @@ class GateModel:
     def _end_mirror(self, d: Decision, mirror: Future, served: list[int] | None) -> None:
         """Record the mirror's acceptance and, at T=0, whether it matched what was served."""
         try:
-            ids, stats = mirror.result(timeout=600)
+            result = mirror.result(timeout=600)
         except Exception as exc:
             log.warning("shadow mirror failed: %s", exc)
             self.gate.record_failure(d, "speculative")
             self.gate.end_shadow(d, None)
             return
+        if result is None:
+            self.gate.end_shadow(d, None)
+            return
+        ids, stats = result
         self.gate.record_speculative(d, stats)
         self.gate.end_shadow(d, None if served is None else ids != served)
 
 
 _DONE = object()
+
+
+class _Keepalive:
+    """Holds each finished BLS request and its response iterator for `hold_s` before Python drops them.
+
+    Why (from the backend's source, and a soak test that crashed the stub within two minutes
+    without this): the stub's cleanup thread also holds every decoupled BLS response iterator and
+    releases it without the GIL. If Python has dropped its reference
+    first, the iterator and its responses' numpy arrays are freed on that thread, which corrupts
+    the interpreter's heap (`malloc(): unaligned fastbin chunk detected`, segfaults in libpython;
+    later backends take the GIL in the tensor destructor). Dropping our reference well after the
+    cleanup thread has let go (it does so within milliseconds of the final response) makes the free
+    happen here, under the GIL.
+    """
+
+    def __init__(self, hold_s: float = 5.0) -> None:
+        self.hold_s = hold_s
+        self._held: collections.deque[tuple[float, Any]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def hold(self, *objs: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._held.append((now + self.hold_s, objs))
+            expired = []
+            while self._held and self._held[0][0] <= now:
+                expired.append(self._held.popleft())
+        del expired  # freed here, by a Python thread that holds the GIL
+
+
+_KEEPALIVE = _Keepalive()
 
 
 def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[Any]:
@@ -237,16 +320,24 @@ def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[Any]:
     process dies mid-request; that thread is abandoned in that case.
     """
     if stall_s is None:
-        yield from req.exec(decoupled=True)
+        it = req.exec(decoupled=True)
+        try:
+            yield from it
+        finally:
+            _KEEPALIVE.hold(req, it)
         return
     q: queue.Queue = queue.Queue()
 
     def pump() -> None:
+        it = None
         try:
-            for r in req.exec(decoupled=True):
+            it = req.exec(decoupled=True)
+            for r in it:
                 q.put(r)
         except Exception as exc:  # re-raised on the serving thread
             q.put(exc)
+        finally:
+            _KEEPALIVE.hold(req, it)
         q.put(_DONE)
 
     threading.Thread(target=pump, name=f"bls-{engine}", daemon=True).start()
