@@ -9,15 +9,14 @@
 from __future__ import annotations
 
 import argparse
-import queue
 import time
 
-import numpy as np
 
 from bench.common import ROOT, median, running_server, spread, write_results
 from bench.gate_decision import measure
 from bench.prompts_fixed import DECODE_PROMPTS
-from specgate.client import GenerateParams, GrpcClient
+from specgate.client import GenerateParams, GrpcClient, stream_engine
+from specgate.contract import engine_inputs
 
 
 def tpot_ms(points: list[tuple[float, int]]) -> float:
@@ -29,40 +28,16 @@ def tpot_ms(points: list[tuple[float, int]]) -> float:
     return 1000 * (t1 - t0) / max(n1 - n0, 1)
 
 
-def direct(client, ids: list[int], n: int, algorithm: str, k: int) -> float:
+def direct(url: str, ids: list[int], n: int, algorithm: str, k: int, end_id: int) -> float:
     """TPOT of a streamed request straight to spec_engine (the engine contract, no gate)."""
-    import tritonclient.grpc as g
-
-    def inp(name: str, arr: np.ndarray, dt: str):
-        t = g.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        return t
-
-    inputs = [
-        inp("input_ids", np.array([ids], np.int32), "INT32"),
-        inp("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
-        inp("request_output_len", np.array([[n]], np.int32), "INT32"),
-        inp("end_id", np.array([[2]], np.int32), "INT32"),
-        inp("streaming", np.array([[True]], np.bool_), "BOOL"),
-    ]
-    q: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
     points: list[tuple[float, int]] = []
     tokens = 0
-    try:
-        client.async_stream_infer("spec_engine", inputs, parameters={"speculative_algorithm": algorithm, "num_speculative_tokens": k})
-        while True:
-            r, e = q.get(timeout=600)
-            if e is not None:
-                raise RuntimeError(str(e))
-            out = r.as_numpy("output_ids")
-            if out is not None and out.size:
-                tokens += out.size
-                points.append((time.perf_counter(), tokens))
-            if r.get_response().parameters["triton_final_response"].bool_param:
-                break
-    finally:
-        client.stop_stream()
+    params = {"speculative_algorithm": algorithm, "num_speculative_tokens": k}
+    for t, r in stream_engine(url, "spec_engine", engine_inputs(ids, n, end_id), parameters=params):
+        out = r.as_numpy("output_ids")
+        if out is not None and out.size:
+            tokens += out.size
+            points.append((t, tokens))
     return tpot_ms(points)
 
 
@@ -80,7 +55,6 @@ def main() -> None:
     ap.add_argument("--algorithm", default="ngram")
     ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args()
-    import tritonclient.grpc as g
     from transformers import AutoTokenizer
 
     dec = measure(100_000, ROOT / "policy" / "default.yaml")
@@ -90,12 +64,12 @@ def main() -> None:
     ids = [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)["input_ids"]) for p in DECODE_PROMPTS]
     res: dict[str, list[float]] = {"direct": [], "gate": []}
     with running_server(ROOT / "artifacts" / "model_repository") as ports:
-        raw = g.InferenceServerClient(f"localhost:{ports.grpc}")
-        gc = GrpcClient(f"localhost:{ports.grpc}")
-        direct(raw, ids[0], 8, args.algorithm, args.k)  # warm-up
+        url = f"localhost:{ports.grpc}"
+        gc = GrpcClient(url)
+        direct(url, ids[0], 8, args.algorithm, args.k, tok.eos_token_id)  # warm-up
         for r in range(args.repeats):
             for prompt, pid in zip(DECODE_PROMPTS, ids):
-                res["direct"].append(direct(raw, pid, args.tokens, args.algorithm, args.k))
+                res["direct"].append(direct(url, pid, args.tokens, args.algorithm, args.k, tok.eos_token_id))
                 t, route = through_gate(gc, prompt, args.tokens, args.algorithm, args.k)
                 assert route == "speculative", f"the gate routed {route}; check policy/default.yaml"
                 res["gate"].append(t)

@@ -51,7 +51,7 @@ from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
-from specgate.launcher import Ports, start, stop, wait_ready  # noqa: E402
+from specgate.launcher import Ports, server_env, start, stop, wait_ready  # noqa: E402
 
 OUT = RESULTS / "report"
 WORK = ROOT / "artifacts" / "report"
@@ -296,6 +296,27 @@ def checks(cells: list[Cell], levels: list[int]) -> list[str]:
     return out
 
 
+def why_defaults(meta: dict[str, Any]) -> list[str]:
+    """Where the gated policy's load rule and the server's threading come from."""
+    g = meta["policies"]["gated"]
+    _, batching = included("bench-batching")
+    crossover = (batching or {}).get("crossover") or {}
+    measured = (f"this machine's latest `make bench-batching` ({batching['started_utc'][:16]} UTC) found the crossover at "
+                + ", ".join(f"c={c} against {alg}" for alg, c in crossover.items())) if crossover else "run `make bench-batching` to measure the crossover here"
+    omp = ", ".join(f"{k}={v}" for k, v in sorted(meta["openmp"].items()))
+    return [
+        "## Why the defaults are what they are", "",
+        f"- `load.max_in_flight: {g['load']['max_in_flight']}`: speculate only while fewer requests are in flight. The speculative "
+        "engine serves one sequence at a time, the baseline batches; from the concurrency where batched throughput overtakes "
+        f"speculation (the crossover c), the second request should go to the baseline, so the limit is c - 1. {measured}.",
+        f"- `temperature_threshold: {g['temperature_threshold']}`: above it drafts are rejected more often than they pay "
+        "(bench-engine's T=0.7 column shows the loss); the mixed-temperature row shows those requests on the baseline.",
+        f"- server processes run with {omp} (`specgate.launcher.server_env`): both engines' stubs share the cores, and with "
+        "OpenMP's default spin-waiting one busy engine starves the other (a decode step took 30x longer next to another "
+        "busy torch process); passive waiting is what lets the gate mix routes under load without losing to plain baseline.",
+    ]
+
+
 def included(name: str) -> tuple[list[str], dict | None]:
     """Another benchmark's own Markdown (its tables, from its run) and JSON, if it has been run."""
     md, js = RESULTS / f"{name}.md", RESULTS / f"{name}.json"
@@ -335,7 +356,7 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
     for c in sorted(cells, key=lambda c: (c.scenario, c.concurrency)):
         md.append(f"| {c.scenario} | {c.concurrency} | {len(c.samples)} | {c.errors} | {c.speculative_share:.0%} | "
                   f"{median(c.ttft_ms()):.0f} | {spread(c.tpot_ms())} | {c.throughput:.1f} |")
-    md += ["", "## Checks", "", *checks(cells, levels), ""]
+    md += ["", "## Checks", "", *checks(cells, levels), "", *why_defaults(meta), ""]
 
     decisions = {sc: summed([c for c in cells if c.scenario == sc], "decisions") for sc in dict.fromkeys(c.scenario for c in cells)}
     md += ["## Gate decisions by reason", "", "Deltas of `spec_gate_decisions_total{route,reason}` over each scenario's cells.", "",
@@ -393,7 +414,7 @@ def main() -> None:
     started = datetime.now(timezone.utc)
     cells: list[Cell] = []
     ports = Ports(http, grpc, mport)
-    # its own log: other benchmarks' servers share results/bench-server.log
+    # the server's log goes with the report it produced
     server = start(WORK / "model_repository", ports, log_file=OUT / "server.log")
     try:
         print(f"[report] starting tritonserver on :{http} (log {OUT / 'server.log'}) ...", flush=True)
@@ -417,6 +438,7 @@ def main() -> None:
         "load_start": load_start, "load_end": os.getloadavg()[0], "shared": load_start >= 1.0,
         "dtype": engine["dtype"], "algorithm": gated["speculative"]["algorithm"], "k": gated["speculative"]["num_speculative_tokens"],
         "eagle_head": head_stamp(engine.get("eagle_head_dir")), "note": note, "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
+        "openmp": {k: v for k, v in server_env().items() if k.startswith(("OMP_", "GOMP_"))},
     }
     print(f"[report] wrote {write_report(cells, levels, args, meta)}")
 

@@ -16,66 +16,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
-import re
 import shlex
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-import tritonclient.grpc as grpcclient
 
 from build.trtllm.build import ROOT, add_arguments, build
 from build.trtllm.serve import server_command, server_env
 from build.trtllm.spec import BuildSpec, load_spec
+from loadtest.metrics import gate_deltas, scrape
+from specgate.client import stream_engine
+from specgate.contract import engine_inputs
 from specgate.launcher import Ports, stop, wait_ready
 
 PROMPTS = ["Write a haiku about the sea.", "List three uses of a paperclip."]
-METRICS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total", "spec_gate_decisions_total")
 
 
 def engine_tokens(url: str, model: str, ids: list[int], max_tokens: int, end_id: int) -> tuple[list[int], int, int]:
     """One greedy request to a (decoupled) engine over gRPC: (output ids, draft tokens, accepted)."""
-
-    def tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
-        t = grpcclient.InferInput(name, list(value.shape), dtype)
-        t.set_data_from_numpy(value)
-        return t
-
-    inputs = [
-        tensor("input_ids", np.array([ids], np.int32), "INT32"),
-        tensor("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
-        tensor("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
-        tensor("end_id", np.array([[end_id]], np.int32), "INT32"),
-        tensor("pad_id", np.array([[end_id]], np.int32), "INT32"),
-        tensor("runtime_top_k", np.array([[1]], np.int32), "INT32"),  # greedy
-        tensor("streaming", np.array([[False]], np.bool_), "BOOL"),
-        tensor("return_perf_metrics", np.array([[True]], np.bool_), "BOOL"),
-    ]
+    arrays = engine_inputs(ids, max_tokens, end_id, top_k=1, streaming=False)  # top_k=1: greedy
     names = ["output_ids", "total_draft_tokens", "total_accepted_draft_tokens"]
-    q: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
-    try:
-        client.async_stream_infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names], enable_empty_final_response=True)
-        out: list[int] = []
-        drafted = accepted = 0
-        while True:
-            result, error = q.get(timeout=300)
-            if error is not None:
-                raise RuntimeError(f"{model}: {error}")
-            ids_out = result.as_numpy("output_ids")
-            if ids_out is not None:
-                out += [int(t) for t in ids_out.reshape(-1)]
-                drafted = int(result.as_numpy("total_draft_tokens").reshape(-1)[0])
-                accepted = int(result.as_numpy("total_accepted_draft_tokens").reshape(-1)[0])
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return out, drafted, accepted
-    finally:
-        client.stop_stream()
-        client.close()
+    out: list[int] = []
+    drafted = accepted = 0
+    for _, result in stream_engine(url, model, arrays, outputs=names, timeout_s=300):
+        ids_out = result.as_numpy("output_ids")
+        if ids_out is not None:
+            out += [int(t) for t in ids_out.reshape(-1)]
+            drafted = int(result.as_numpy("total_draft_tokens").reshape(-1)[0])
+            accepted = int(result.as_numpy("total_accepted_draft_tokens").reshape(-1)[0])
+    return out, drafted, accepted
 
 
 def prompt_ids(http: str, prompt: str) -> list[int]:
@@ -118,19 +89,6 @@ def generate_stream_text(http: str, prompt: str, max_tokens: int, spec_mode: str
     return text, events
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sum each gate metric family over its labels (Prometheus text from the metrics port)."""
-    totals = {m: 0.0 for m in METRICS}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if m and m.group(1) in totals:
-            totals[m.group(1)] += float(m.group(3))
-    totals["decisions_speculative"] = sum(
-        float(v) for v in re.findall(r'^spec_gate_decisions_total\{[^}]*route="speculative"[^}]*\}\s+([0-9.eE+-]+)$', text, re.M)
-    )
-    return totals
-
-
 def check(ok: bool, what: str, failures: list[str]) -> None:
     print(f"[gpu-smoke] {'PASS' if ok else 'FAIL'} {what}", flush=True)
     if not ok:
@@ -154,11 +112,11 @@ def smoke(spec: BuildSpec, ports: Ports, max_tokens: int, failures: list[str]) -
         check(off["text_output"] == prod["text_output"], f"llm text identical across routes ({len(off['text_output'])} chars)", failures)
         streamed, events = generate_stream_text(http, prompt, max_tokens, "prod")  # decoupled engine, streamed
         check(streamed == prod["text_output"], f"generate_stream text equals generate text ({events} events)", failures)
-    with urllib.request.urlopen(f"http://localhost:{ports.metrics}/metrics", timeout=10) as r:
-        metrics = parse_metrics(r.read().decode())
-    print(f"[gpu-smoke] gate metrics: {metrics}", flush=True)
-    check(metrics["decisions_speculative"] > 0, "spec_gate_decisions_total{route=\"speculative\"} > 0", failures)
-    check(metrics["spec_decode_num_draft_tokens_total"] > 0 or not expect_drafts, "spec_decode_num_draft_tokens_total > 0", failures)
+    counters = gate_deltas({}, scrape(ports.metrics))  # a fresh server: totals since start
+    print(f"[gpu-smoke] gate metrics: {counters}", flush=True)
+    speculative = sum(n for key, n in counters["decisions"].items() if key.startswith("speculative,"))
+    check(speculative > 0, "spec_gate_decisions_total{route=\"speculative\"} > 0", failures)
+    check(counters["totals"]["num_draft_tokens"] > 0 or not expect_drafts, "spec_decode_num_draft_tokens_total > 0", failures)
 
 
 def main() -> None:

@@ -197,6 +197,52 @@ class GrpcClient:
         return Result(list(self.stream(prompt, p, api_key, spec_mode, stream=stream)))
 
 
+def stream_engine(
+    url: str,
+    model: str,
+    arrays: dict[str, np.ndarray],
+    parameters: dict[str, Any] | None = None,
+    outputs: list[str] | None = None,
+    timeout_s: float = 600,
+) -> Iterator[tuple[float, Any]]:
+    """Call an engine model (`target_engine` / `spec_engine`) directly over gRPC streaming, bypassing
+    the gate: yields (perf_counter time, tritonclient result) per response until the final one.
+    `arrays` come from `specgate.contract.engine_inputs`."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, arr in arrays.items():
+        t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    finished = False
+    try:
+        client.async_stream_infer(
+            model, inputs, parameters=parameters,
+            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None,
+            enable_empty_final_response=True,
+        )
+        while True:
+            try:
+                result, error = q.get(timeout=timeout_s)
+            except queue.Empty:
+                raise ServerError(f"{model}: no response for {timeout_s:.0f} s") from None
+            if error is not None:
+                raise ServerError(f"{model}: {error}")
+            yield time.perf_counter(), result
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                finished = True
+                return
+    finally:
+        client.stop_stream(cancel_requests=not finished)
+        client.close()
+
+
 def collect(chunks: Iterator[Chunk]) -> Result:
     return Result(list(chunks))
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -58,16 +60,56 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
 )
 
 # CPU-engine extras (not produced by tensorrtllm): per-request draft count and accepted tokens per
-# draft position, which feed spec_decode_num_drafts_total and ..._per_pos_total.
+# draft position, which feed spec_decode_num_drafts_total and ..._per_pos_total; and `handed_over`,
+# set on the final response of a speculative request that stopped early because the gate asked
+# spec_engine to hand its requests over to the batched baseline (PARAM_HAND_OVER).
 ENGINE_EXTENSIONS: tuple[Tensor, ...] = (
     Tensor("num_drafts", "TYPE_INT32", (1,)),
     Tensor("accepted_per_position", "TYPE_INT32", (-1,)),
+    Tensor("handed_over", "TYPE_BOOL", (1,)),
 )
+
+def engine_inputs(
+    ids: list[int],
+    max_tokens: int,
+    end_id: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    streaming: bool = True,
+    stop_words: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """One engine request as named arrays (batch of 1) in the contract's dtypes; callers wrap them
+    as `pb_utils.Tensor` (the gate, over BLS) or `InferInput` (benchmarks and smoke tests)."""
+    values: dict[str, object] = {
+        "input_ids": [ids],
+        "input_lengths": [[len(ids)]],
+        "request_output_len": [[max_tokens]],
+        "end_id": [[end_id]],
+        "pad_id": [[end_id]],
+        "temperature": [[temperature]],
+        "runtime_top_k": [[top_k]],
+        "runtime_top_p": [[top_p]],
+        "streaming": [[streaming]],
+        "return_perf_metrics": [[True]],
+    }
+    if seed is not None:
+        values["seed"] = [[seed & (2**64 - 1)]]
+    if stop_words is not None:
+        values["stop_words_list"] = stop_words.reshape(1, 2, -1)
+    dtypes = {t.name: t.np_dtype for t in ENGINE_INPUTS}
+    return {name: np.asarray(v, dtype=dtypes[name]) for name, v in values.items()}
+
 
 # Per-request speculative knobs travel to spec_engine as request *parameters*, not tensors, so the
 # tensor contract stays the TensorRT-LLM one (which fixes the algorithm at engine build time).
 PARAM_ALGORITHM = "speculative_algorithm"
 PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
+# A request carrying this parameter is a control message, not a generation: spec_engine ends every
+# request submitted before it at the next step, with `handed_over` set, and answers at once.
+PARAM_HAND_OVER = "specgate_hand_over"
 
 LLM_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "TYPE_STRING", (1,)),

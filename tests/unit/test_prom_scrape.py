@@ -37,3 +37,10 @@ def test_value_delta_and_grouping(monkeypatch) -> None:
         "baseline,temperature": 1,
         "speculative,prod": 3,
     }
+
+
+def test_gate_deltas_from_a_fresh_server(monkeypatch) -> None:
+    """gpu-smoke reads a fresh server's totals as deltas from nothing."""
+    counters = metrics.gate_deltas({}, _scrape(monkeypatch, AFTER, 18002))
+    assert counters["decisions"] == {"baseline,temperature": 1, "speculative,prod": 5}
+    assert counters["totals"] == {"num_drafts": 0, "num_draft_tokens": 15, "num_accepted_tokens": 0}

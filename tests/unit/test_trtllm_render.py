@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import triton_to_np_dtype
 
 from build.render_repository import MODELS, engine_tensor_values, render
 from build.trtllm.commands import Layout
 from build.trtllm.render import eagle_choices_param, render_values
 from build.trtllm.spec import load_spec
-from specgate.contract import ENGINE_INPUTS, ENGINE_OUTPUTS
+from specgate.contract import ENGINE_INPUTS, ENGINE_OUTPUTS, engine_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ("target_engine", "spec_engine")
@@ -125,3 +127,18 @@ def test_eagle_choices_format() -> None:
     spec = load_spec(ROOT / "build" / "specs" / "smollm2-eagle.yaml", ROOT)
     choices = spec.speculative.eagle.eagle_choices
     assert _backend_parse(eagle_choices_param(choices)) == choices  # no outer braces: the parser drops only one
+
+
+def test_engine_request_builder_matches_the_engine_config(trt) -> None:
+    """The one builder the gate, bench-gate and gpu-smoke use sends what the tensorrtllm model accepts:
+    every tensor declared, in its dtype, with the batch dimension in front of the declared dims."""
+    declared = {t.name: t for t in trt["spec_engine"].input}
+    arrays = engine_inputs([5, 6, 7], 16, 2, temperature=0.5, top_k=3, seed=-1, stop_words=np.array([[9, 10], [2, -1]]))
+    assert {t.name for t in ENGINE_INPUTS} == set(arrays)  # with seed and stop words, all of them
+    for name, arr in arrays.items():
+        t = declared[name]
+        assert arr.dtype == np.dtype(triton_to_np_dtype(model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"))), name
+        assert arr.ndim == len(t.dims) + 1 and arr.shape[0] == 1, name
+        assert all(d == -1 or d == n for d, n in zip(t.dims, arr.shape[1:])), name
+    assert int(arrays["seed"][0, 0]) == 2**64 - 1  # a negative client seed wraps like the gate's
+    assert set(engine_inputs([1], 1, 2)) == set(arrays) - {"seed", "stop_words_list"}

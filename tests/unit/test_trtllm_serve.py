@@ -1,5 +1,4 @@
-"""The NGC server command (orchestrator mode, as launch_triton_server.py --multi-model) and the smoke's
-metrics parsing."""
+"""The NGC server command (orchestrator mode, as launch_triton_server.py --multi-model)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import os
 import sysconfig
 from pathlib import Path
 
-from build.gpu_smoke import parse_metrics
 from build.trtllm.serve import server_command, server_env
 from specgate.launcher import Ports
 
@@ -25,18 +23,3 @@ def test_server_command_matches_the_multi_model_launch() -> None:
     assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
     assert env["SPECGATE_PYTHONPATH"].split(os.pathsep)[0] == "/src/python_backend"
     assert sysconfig.get_paths()["purelib"] in env["SPECGATE_PYTHONPATH"].split(os.pathsep)
-
-
-def test_parse_metrics_sums_labels() -> None:
-    text = "\n".join([
-        "# HELP spec_gate_decisions_total decisions",
-        'spec_gate_decisions_total{route="speculative",reason="header"} 2',
-        'spec_gate_decisions_total{route="baseline",reason="header"} 3',
-        "spec_decode_num_draft_tokens_total 40",
-        "spec_decode_num_accepted_tokens_total 17",
-        'nv_inference_count{model="llm",version="1"} 5',
-    ])  # fmt: skip
-    m = parse_metrics(text)
-    assert m["spec_gate_decisions_total"] == 5 and m["decisions_speculative"] == 2
-    assert m["spec_decode_num_draft_tokens_total"] == 40 and m["spec_decode_num_accepted_tokens_total"] == 17
-    assert m["spec_decode_num_drafts_total"] == 0
