@@ -131,3 +131,30 @@ def test_policy_edit_takes_effect_live(http):
         TEST_POLICY.write_text(original)
         time.sleep(2.5)
     assert route_of(http)[0] == "baseline"
+
+
+def test_load_hands_a_running_speculative_request_over(http, grpc):
+    """With load.max_in_flight 1, a speculative request that started alone continues on the batched
+    baseline once a second request arrives: same text (fp32, greedy), final route baseline, reason load."""
+    long = GenerateParams(max_tokens=96, num_speculative_tokens=4)
+    expected = http.generate(ECHO, long, spec_mode="off").text
+    original = TEST_POLICY.read_text()
+    policy = yaml.safe_load(original)
+    policy["load"] = {"max_in_flight": 1}
+    tmp = TEST_POLICY.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(policy))
+    tmp.replace(TEST_POLICY)
+    time.sleep(2.5)  # the gate checks the file at most once a second
+    try:
+        stream = grpc.stream(ECHO, long, spec_mode="prod")
+        first = next(stream)
+        assert first.meta["route"] == "speculative", first.meta
+        second = http.generate(CAPS, GREEDY, spec_mode="prod")  # arrives while the first runs
+        assert second.meta["gate_reason"] == "load"
+        rest = list(stream)
+        text = first.text + "".join(c.text for c in rest)
+        assert rest[-1].meta["route"] == "baseline" and rest[-1].meta["gate_reason"] == "load", rest[-1].meta
+        assert text == expected
+    finally:
+        TEST_POLICY.write_text(original)
+        time.sleep(2.5)

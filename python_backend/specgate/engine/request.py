@@ -20,12 +20,14 @@ class GenerationRequest(BaseModel):
 
 @dataclass
 class Event:
-    """One step's new tokens for one request; `finished` marks the last event, `error` a failure."""
+    """One step's new tokens for one request; `finished` marks the last event, `error` a failure,
+    `handed_over` a speculative request stopped early so the baseline can continue it."""
 
     tokens: list[int]
     finished: bool = False
     error: str | None = None
     stats: SpecStats | None = None
+    handed_over: bool = False
 
 
 def hits_stop(generated: list[int], stop_words: list[list[int]]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from specgate.contract import PARAM_ALGORITHM, PARAM_NUM_SPEC_TOKENS
+from specgate.contract import PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama, load_llama
 from specgate.engine.request import Event, GenerationRequest
@@ -78,11 +78,11 @@ class ResponseStream:
                 return
             self.tokens += ev.tokens
             if self.streaming:
-                self.sender.send(self._response(ev.tokens, ev.stats), flags=FINAL if ev.finished else 0)
+                self.sender.send(self._response(ev.tokens, ev.stats, ev.handed_over), flags=FINAL if ev.finished else 0)
             elif ev.finished:
-                self.sender.send(self._response(self.tokens, ev.stats), flags=FINAL)
+                self.sender.send(self._response(self.tokens, ev.stats, ev.handed_over), flags=FINAL)
 
-    def _response(self, tokens: list[int], stats: SpecStats | None) -> Any:
+    def _response(self, tokens: list[int], stats: SpecStats | None, handed_over: bool) -> Any:
         s = stats or SpecStats()
         return pb_utils.InferenceResponse(
             output_tensors=[
@@ -93,6 +93,7 @@ class ResponseStream:
                 tensor("total_draft_tokens", [[s.draft_tokens]], np.int32),
                 tensor("num_drafts", [[s.num_drafts]], np.int32),
                 tensor("accepted_per_position", [s.accepted_per_position or [0]], np.int32),
+                tensor("handed_over", [[handed_over]], np.bool_),
             ]
         )
 
@@ -147,5 +148,9 @@ class SpeculativeEngineModel(EngineModel):
         return SpeculativeRunner(model, cfg)
 
     def submit(self, req: GenerationRequest, emit: Callable[[Event], None], is_cancelled: Callable[[], bool], params: dict) -> None:
+        if params.get(PARAM_HAND_OVER):  # the gate's control message, not a generation
+            self.runner.hand_over_all()
+            emit(Event([], finished=True))
+            return
         k = params.get(PARAM_NUM_SPEC_TOKENS)
         self.runner.submit(req, emit, is_cancelled, params.get(PARAM_ALGORITHM), None if k is None else int(k))

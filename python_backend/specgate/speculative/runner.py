@@ -41,6 +41,7 @@ class SpeculativeRunner:
         self.generator = SpeculativeGenerator(model, drafters, cfg.max_context)
         log.info("speculative engine drafters: %s", sorted(drafters))
         self._q: queue.Queue[_Job | None] = queue.Queue()
+        self._hand_over_before = float("-inf")  # jobs enqueued at or before this stop at their next step
         self._thread = threading.Thread(target=self._loop, name="spec-runner", daemon=True)
         self._thread.start()
 
@@ -65,6 +66,11 @@ class SpeculativeRunner:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
         self._q.put(_Job(req, emit, is_cancelled, algorithm, k, time.monotonic()))
 
+    def hand_over_all(self) -> None:
+        """Stop every request submitted so far at its next step (or before it starts), with a final
+        `handed_over` event: the gate continues it on the batched baseline. Later requests run."""
+        self._hand_over_before = time.monotonic()
+
     def shutdown(self) -> None:
         self._q.put(None)
         self._thread.join(timeout=10)
@@ -85,8 +91,22 @@ class SpeculativeRunner:
         stream = self.generator.generate(
             r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words
         )
+        if job.enqueued <= self._hand_over_before:  # asked to hand over while it waited
+            job.emit(Event([], finished=True, handed_over=True))
+            return
+        emitted = 0
         for tokens in stream:
             if job.is_cancelled():
                 break
             job.emit(Event(tokens, stats=stream.stats))
+            emitted += len(tokens)
+            # Hand over only a request that still has work and room: the baseline continues from
+            # prompt + emitted tokens (a finished one would run past its stop sequence).
+            if (
+                job.enqueued <= self._hand_over_before
+                and stream.finish_reason is None
+                and len(r.input_ids) + emitted + 1 < self.cfg.max_context
+            ):
+                job.emit(Event([], finished=True, stats=stream.stats, handed_over=True))
+                return
         job.emit(Event([], finished=True, stats=stream.stats))

@@ -1,0 +1,95 @@
+"""SpeculativeRunner (spec_engine's scheduler) on the real model in fp32: one at a time, FIFO, and the
+hand-over the gate asks for under load (requests submitted before it stop at their next step with
+`handed_over`; the baseline continues them from prompt + emitted tokens, losslessly)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from build.bench_drafters import greedy_decode
+from specgate.engine.config import EngineConfig
+from specgate.engine.model import Llama, load_llama
+from specgate.engine.request import Event, GenerationRequest
+from specgate.speculative.runner import SpeculativeRunner
+from specgate.text.tokenizer import PromptTokenizer
+
+MAX_CONTEXT = 256
+NEW = 32
+PROMPTS = ["Explain recursion to a ten-year-old.", "Write a limerick about a cat who codes."]
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint: Path) -> Llama:
+    return load_llama(checkpoint, torch.float32, MAX_CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def prompts(checkpoint: Path) -> list[list[int]]:
+    tok = PromptTokenizer(checkpoint, MAX_CONTEXT)
+    return [tok.encode_prompt(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(model: Llama, prompts: list[list[int]]) -> list[list[int]]:
+    return [greedy_decode(model, p, NEW, MAX_CONTEXT) for p in prompts]
+
+
+@pytest.fixture
+def runner(checkpoint: Path, model: Llama):
+    cfg = EngineConfig(checkpoint_dir=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1, default_algorithm="ngram")
+    r = SpeculativeRunner(model, cfg)
+    yield r
+    r.shutdown()
+
+
+class Collect:
+    def __init__(self, on_event=None) -> None:  # noqa: ANN001
+        self.tokens: list[int] = []
+        self.final: Event | None = None
+        self.done = threading.Event()
+        self.on_event = on_event
+
+    def __call__(self, ev: Event) -> None:
+        self.tokens += ev.tokens
+        if self.on_event:
+            self.on_event(self)
+        if ev.finished:
+            self.final = ev
+            self.done.set()
+
+
+def _greedy(prompt: list[int]) -> GenerationRequest:
+    return GenerationRequest(input_ids=prompt, max_new_tokens=NEW)
+
+
+def test_hand_over_stops_earlier_requests_and_the_baseline_continues_losslessly(runner, model, prompts, reference) -> None:
+    # a: asks for the hand-over itself once it has 3 tokens (deterministic: same thread); b waits behind a
+    a = Collect(on_event=lambda c: len(c.tokens) >= 3 and runner.hand_over_all())
+    b = Collect()
+    runner.submit(_greedy(prompts[0]), a)
+    runner.submit(_greedy(prompts[1]), b)
+    assert a.done.wait(300) and b.done.wait(300)
+    assert a.final.handed_over and a.final.error is None
+    assert 3 <= len(a.tokens) < NEW and a.tokens == reference[0][: len(a.tokens)]
+    assert b.final.handed_over and b.tokens == []  # queued before the hand-over: never started
+    # what the gate does next: the baseline continues from prompt + emitted tokens
+    rest = greedy_decode(model, prompts[0] + a.tokens, NEW - len(a.tokens), MAX_CONTEXT)
+    assert a.tokens + rest == reference[0]
+    # a request submitted after the hand-over runs to the end
+    c = Collect()
+    runner.submit(_greedy(prompts[1]), c)
+    assert c.done.wait(300)
+    assert not c.final.handed_over and c.tokens == reference[1]
+
+
+def test_a_finished_request_is_not_handed_over(runner, prompts, reference) -> None:
+    """A hand-over asked for during the last step must not turn a complete answer into a partial one
+    (the baseline would continue past its end)."""
+    a = Collect(on_event=lambda c: len(c.tokens) >= NEW and runner.hand_over_all())
+    runner.submit(_greedy(prompts[0]), a)
+    assert a.done.wait(300)
+    assert not a.final.handed_over and a.tokens == reference[0]
