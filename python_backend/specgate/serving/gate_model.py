@@ -192,7 +192,8 @@ class GateModel:
     ) -> SpecStats:
         """Run one engine request, passing each response's new tokens on; returns final stats.
 
-        Raises InvalidInput for the client's mistakes and EngineFailure for the engine's.
+        Raises InvalidInput for the client's mistakes, EngineFailure for the engine's, and
+        HandedOver when spec_engine stopped the request early at the gate's request.
         """
         remaining = llm.max_tokens - already
         stats = SpecStats()
@@ -237,7 +238,7 @@ class GateModel:
     def _hand_over(self) -> None:
         """Ask spec_engine to hand every running or queued request over (see the module doc)."""
         if not self._handing_over.acquire(blocking=False):
-            return  # one message covers every request submitted before it
+            return  # one is on its way; a later load decision sends the next
         try:
             arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
             inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
