@@ -34,16 +34,11 @@ def write_results(name: str, markdown: str, raw: dict) -> None:
 @contextmanager
 def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: int = 38002) -> Iterator:
     """A tritonserver for the benchmark on its own ports, stopped afterwards."""
-    from specgate.launcher import Ports, start, stop, wait_ready
+    from specgate.launcher import Ports, running
 
     ports = Ports(http, grpc, metrics)
     # one log per run (start() truncates its log): runs on other ports, or later runs, keep theirs
     log = RESULTS / f"bench-server-{http}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     RESULTS.mkdir(exist_ok=True)
-    proc = start(repo, ports, log_file=log)
-    try:
-        print(f"[bench] starting tritonserver on :{http} (log {log}) ...", flush=True)
-        wait_ready(proc, ports)
+    with running(repo, ports, log):
         yield ports
-    finally:
-        stop(proc)

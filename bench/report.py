@@ -51,7 +51,7 @@ from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
-from specgate.launcher import Ports, server_env, start, stop, wait_ready  # noqa: E402
+from specgate.launcher import Ports, running, server_env  # noqa: E402
 
 OUT = RESULTS / "report"
 WORK = ROOT / "artifacts" / "report"
@@ -415,10 +415,7 @@ def main() -> None:
     cells: list[Cell] = []
     ports = Ports(http, grpc, mport)
     # the server's log goes with the report it produced
-    server = start(WORK / "model_repository", ports, log_file=OUT / "server.log")
-    try:
-        print(f"[report] starting tritonserver on :{http} (log {OUT / 'server.log'}) ...", flush=True)
-        wait_ready(server, ports)
+    with running(WORK / "model_repository", ports, OUT / "server.log"):
         url = f"localhost:{ports.http}"
         # warm-up off the measured cells (first-call allocations, batch shapes); SPEC_KEY keeps the org breaker fresh
         closed_loop(url, [replace(s, api_key=SPEC_KEY) for s in requests_for("baseline", 4, args.max_tokens)], 2)
@@ -430,8 +427,6 @@ def main() -> None:
                 apply_policy(want)
                 active = want
             cells.append(run_cell(sc, c, ports, args))
-    finally:
-        stop(server)
     meta = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine(),
         # load before our own server starts: >= 1 means other jobs held at least a core

@@ -32,7 +32,7 @@ def checkpoint() -> Path:
 @pytest.fixture(scope="session")
 def server(checkpoint: Path):
     """A real tritonserver on the rendered fp32 repository; yields its Ports."""
-    from specgate.launcher import Ports, start, stop, wait_ready
+    from specgate.launcher import Ports, running
 
     TEST_OUT.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit this copy live
@@ -41,15 +41,8 @@ def server(checkpoint: Path):
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))
-    proc = start(TEST_OUT / "model_repository", ports, log_file=TEST_OUT / "tritonserver.log")
-    try:
-        wait_ready(proc, ports)
-    except Exception:
-        stop(proc)
-        print((TEST_OUT / "tritonserver.log").read_text()[-5000:])
-        raise
-    yield ports
-    stop(proc)
+    with running(TEST_OUT / "model_repository", ports, TEST_OUT / "tritonserver.log"):
+        yield ports
 
 
 @pytest.fixture(scope="session")

@@ -159,39 +159,16 @@ class GrpcClient:
         raw_inputs: list[Any] | None = None,
     ) -> Iterator[Chunk]:
         """gRPC bidirectional streaming (the only way to call a decoupled model over gRPC)."""
-        q: queue.Queue = queue.Queue()
-        client = self.g.InferenceServerClient(self.url)
+        inputs = raw_inputs if raw_inputs is not None else self._inputs(prompt, p, stream)
         t0 = time.perf_counter()
-        client.start_stream(callback=lambda result, error: q.put((result, error)), headers=_headers(api_key, spec_mode))
-        finished = False
-        try:
-            client.async_stream_infer(
-                self.model,
-                raw_inputs if raw_inputs is not None else self._inputs(prompt, p, stream),
-                enable_empty_final_response=True,
-            )
-            while True:
-                try:
-                    result, error = q.get(timeout=self.timeout_s)
-                except queue.Empty:
-                    raise ServerError(f"no response for {self.timeout_s:.0f} s") from None
-                if error is not None:
-                    raise ServerError(str(error))
-                resp = result.get_response()
-                if resp.outputs:
-                    out = result.as_numpy("text_output")
-                    yield Chunk(
-                        b"".join(out.reshape(-1)).decode(),
-                        {k: _scalar(result.as_numpy(k)) for k in META},
-                        time.perf_counter() - t0,
-                    )
-                if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
-                    finished = True
-                    return
-        finally:
-            # a caller that stops early (error, timeout, closed generator) must not wait for the server
-            client.stop_stream(cancel_requests=not finished)
-            client.close()
+        for result in _grpc_responses(self.url, self.model, inputs, self.timeout_s, headers=_headers(api_key, spec_mode)):
+            if result.get_response().outputs:
+                out = result.as_numpy("text_output")
+                yield Chunk(
+                    b"".join(out.reshape(-1)).decode(),
+                    {k: _scalar(result.as_numpy(k)) for k in META},
+                    time.perf_counter() - t0,
+                )
 
     def generate(self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True) -> Result:
         return Result(list(self.stream(prompt, p, api_key, spec_mode, stream=stream)))
@@ -216,9 +193,29 @@ def stream_engine(
         t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
         t.set_data_from_numpy(arr)
         inputs.append(t)
+    try:
+        for result in _grpc_responses(url, model, inputs, timeout_s, parameters=parameters, outputs=outputs):
+            yield time.perf_counter(), result
+    except ServerError as exc:
+        raise ServerError(f"{model}: {exc}") from None
+
+
+def _grpc_responses(
+    url: str,
+    model: str,
+    inputs: list[Any],
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+    parameters: dict[str, Any] | None = None,
+    outputs: list[str] | None = None,
+) -> Iterator[Any]:
+    """One request on a gRPC bidirectional stream: tritonclient results until the final response.
+    ServerError on an error response or when nothing arrives for `timeout_s`."""
+    import tritonclient.grpc as grpcclient
+
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
     finished = False
     try:
         client.async_stream_infer(
@@ -230,15 +227,16 @@ def stream_engine(
             try:
                 result, error = q.get(timeout=timeout_s)
             except queue.Empty:
-                raise ServerError(f"{model}: no response for {timeout_s:.0f} s") from None
+                raise ServerError(f"no response for {timeout_s:.0f} s") from None
             if error is not None:
-                raise ServerError(f"{model}: {error}")
-            yield time.perf_counter(), result
+                raise ServerError(str(error))
+            yield result
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 finished = True
                 return
     finally:
+        # a caller that stops early (error, timeout, closed generator) must not wait for the server
         client.stop_stream(cancel_requests=not finished)
         client.close()
 

@@ -15,8 +15,10 @@ import subprocess
 import sys
 import sysconfig
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import urllib.request
 
@@ -122,6 +124,23 @@ def start(repo: Path, ports: Ports, log_file: Path | None = None, extra: list[st
     backends = backend_dir(ROOT / "artifacts" / "triton_backends")
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(command(repo, ports, backends, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+
+
+@contextmanager
+def running(repo: Path, ports: Ports, log_file: Path) -> Iterator[subprocess.Popen]:
+    """A ready tritonserver on `ports` (benchmarks, test fixtures), stopped with its stubs on exit.
+    If it never becomes ready, the tail of its log is printed before the error propagates."""
+    proc = start(repo, ports, log_file=log_file)
+    try:
+        print(f"[launcher] starting tritonserver on :{ports.http} (log {log_file}) ...", flush=True)
+        try:
+            wait_ready(proc, ports)
+        except Exception:
+            print(log_file.read_text()[-5000:], flush=True)
+            raise
+        yield proc
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:

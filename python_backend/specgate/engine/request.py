@@ -30,6 +30,12 @@ class Event:
     handed_over: bool = False
 
 
+def check_room(req: GenerationRequest, max_context: int) -> None:
+    """ValueError unless the prompt leaves room for at least one new token in the context."""
+    if len(req.input_ids) + 1 > max_context:
+        raise ValueError(f"prompt of {len(req.input_ids)} tokens leaves no room in the {max_context}-token context")
+
+
 def hits_stop(generated: list[int], stop_words: list[list[int]]) -> bool:
     """True when the generated tokens end with one of the stop sequences (TensorRT-LLM semantics)."""
     return any(len(w) <= len(generated) and generated[-len(w) :] == w for w in stop_words if w)

@@ -78,12 +78,12 @@ class ResponseStream:
                 return
             self.tokens += ev.tokens
             if self.streaming:
-                self.sender.send(self._response(ev.tokens, ev.stats, ev.handed_over), flags=FINAL if ev.finished else 0)
+                self.sender.send(self._response(ev.tokens, ev), flags=FINAL if ev.finished else 0)
             elif ev.finished:
-                self.sender.send(self._response(self.tokens, ev.stats, ev.handed_over), flags=FINAL)
+                self.sender.send(self._response(self.tokens, ev), flags=FINAL)
 
-    def _response(self, tokens: list[int], stats: SpecStats | None, handed_over: bool) -> Any:
-        s = stats or SpecStats()
+    def _response(self, tokens: list[int], ev: Event) -> Any:
+        s = ev.stats or SpecStats()
         return pb_utils.InferenceResponse(
             output_tensors=[
                 tensor("output_ids", [[tokens]], np.int32),
@@ -93,7 +93,7 @@ class ResponseStream:
                 tensor("total_draft_tokens", [[s.draft_tokens]], np.int32),
                 tensor("num_drafts", [[s.num_drafts]], np.int32),
                 tensor("accepted_per_position", [s.accepted_per_position or [0]], np.int32),
-                tensor("handed_over", [[handed_over]], np.bool_),
+                tensor("handed_over", [[ev.handed_over]], np.bool_),
             ]
         )
 

@@ -65,6 +65,12 @@ def _stop_words(arr: np.ndarray | None) -> np.ndarray | None:
     return arr if (arr[1] >= 0).any() else None
 
 
+def _bls_request(engine: str, arrays: dict[str, np.ndarray], outputs: list[str], params: dict[str, Any]) -> Any:
+    """A BLS request to an engine model from `contract.engine_inputs` arrays."""
+    inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
+    return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=outputs, parameters=params)
+
+
 def _stats(resp: Any, last: SpecStats) -> SpecStats:
     """Cumulative draft statistics from an engine response; engines may omit them on some responses."""
     drafted, accepted = _out(resp, "total_draft_tokens"), _out(resp, "total_accepted_draft_tokens")
@@ -139,17 +145,13 @@ class GateModel:
                     stats = self._run("spec_engine", llm, d, prompt, stops, out.send)
                     self.gate.record_speculative(d, stats)
                 except HandedOver:
-                    spec_stats = out.stats
-                    self.gate.record_speculative(d, spec_stats)
-                    out.route, out.reason = "baseline", LOAD
+                    self.gate.record_speculative(d, out.stats)
                     # the response keeps reporting the drafts made before the hand-over
-                    keep_stats = lambda tokens, _: out.send(tokens, spec_stats)  # noqa: E731
-                    self._run("target_engine", llm, d, prompt + out.ids, stops, keep_stats, already=len(out.ids))
+                    self._continue_on_baseline(out, LOAD, out.stats, llm, d, prompt, stops)
                 except EngineFailure as exc:
                     log.warning("spec_engine failed, continuing on target_engine: %s", exc)
                     self.gate.record_failure(d, "speculative")
-                    out.route, out.reason, out.stats = "baseline", FALLBACK, SpecStats()
-                    self._run("target_engine", llm, d, prompt + out.ids, stops, out.send, already=len(out.ids))
+                    self._continue_on_baseline(out, FALLBACK, SpecStats(), llm, d, prompt, stops)
             else:
                 mirror = self._start_mirror(llm, d, prompt, stops) if d.shadow else None
                 try:
@@ -170,14 +172,21 @@ class GateModel:
         finally:
             self.gate.finish(d)
 
+    def _continue_on_baseline(
+        self, out: _Output, reason: str, stats: SpecStats, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
+    ) -> None:
+        """Finish on target_engine a request that started on spec_engine, from the prompt plus the
+        tokens already streamed; its responses report `reason` and `stats` from here on."""
+        out.route, out.reason, out.stats = "baseline", reason, stats
+        self._run("target_engine", llm, d, prompt + out.ids, stops, lambda tokens, _: out.send(tokens, stats), already=len(out.ids))
+
     def _engine_request(self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool) -> Any:
         arrays = engine_inputs(
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
             seed=llm.seed, streaming=stream, stop_words=stops,
         )
-        inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
         params = {PARAM_ALGORITHM: d.algorithm, PARAM_NUM_SPEC_TOKENS: int(d.num_speculative_tokens)} if engine == "spec_engine" else {}
-        return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=self.outputs, parameters=params)
+        return _bls_request(engine, arrays, self.outputs, params)
 
     def _run(
         self,
@@ -241,8 +250,7 @@ class GateModel:
             return  # one is on its way; a later load decision sends the next
         try:
             arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
-            inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
-            req = pb_utils.InferenceRequest(model_name="spec_engine", inputs=inputs, requested_output_names=["output_ids"], parameters={PARAM_HAND_OVER: True})
+            req = _bls_request("spec_engine", arrays, ["output_ids"], {PARAM_HAND_OVER: True})
             for resp in _responses(req, "spec_engine", 10.0):
                 if resp.has_error():
                     log.warning("spec_engine refused the hand-over: %s", resp.error().message())

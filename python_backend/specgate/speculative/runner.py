@@ -16,7 +16,7 @@ from typing import Callable
 
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama
-from specgate.engine.request import Event, GenerationRequest
+from specgate.engine.request import Event, GenerationRequest, check_room
 from specgate.engine.runner import QueueFull
 from specgate.speculative.registry import build_drafters, check_request
 from specgate.speculative.generator import SpeculativeGenerator
@@ -60,8 +60,7 @@ class SpeculativeRunner:
         """Validate now (ValueError: unknown algorithm, k out of range, prompt too long), run later."""
         algorithm = algorithm or self.cfg.default_algorithm
         check_request(algorithm, k, self.generator.drafters)
-        if len(req.input_ids) + 1 > self.cfg.max_context:
-            raise ValueError(f"prompt of {len(req.input_ids)} tokens leaves no room in the {self.cfg.max_context}-token context")
+        check_room(req, self.cfg.max_context)
         if self._q.qsize() >= self.cfg.max_queue_size:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
         self._q.put(_Job(req, emit, is_cancelled, algorithm, k, time.monotonic()))
@@ -87,13 +86,13 @@ class SpeculativeRunner:
         if time.monotonic() - job.enqueued > self.cfg.queue_timeout_s:
             job.emit(Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
             return
+        if job.enqueued <= self._hand_over_before:  # asked to hand over while it waited
+            job.emit(Event([], finished=True, handed_over=True))
+            return
         r = job.req
         stream = self.generator.generate(
             r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words
         )
-        if job.enqueued <= self._hand_over_before:  # asked to hand over while it waited
-            job.emit(Event([], finished=True, handed_over=True))
-            return
         emitted = 0
         for tokens in stream:
             if job.is_cancelled():
