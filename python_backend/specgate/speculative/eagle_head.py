@@ -74,15 +74,27 @@ class EagleHeadConfig(BaseModel):
         )
 
 
-class _NoCache:
-    """Duck-typed `Attn` for training: plain causal attention over the block, nothing stored."""
+class _Levels:
+    """Attention for teacher-forced draft chains at every position at once (EAGLE-3's training-time
+    test). Level 0 is the causal forward over true pairs; level j's query at base p sees the true
+    pairs <= p and its own chain's entries at levels 1..j -- exactly what the serving cache holds
+    when the chain from p reaches step j. Keys are kept per level, nothing persists."""
 
-    mask = None
-    is_causal = True
+    def __init__(self, L: int) -> None:
+        self.L = L
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.is_causal, self.mask = True, None
 
-    @staticmethod
-    def write_and_read(cache_k: Tensor | None, cache_v: Tensor | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return k, v
+    def write_and_read(self, cache_k: Tensor | None, cache_v: Tensor | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.keys.append(k)
+        self.values.append(v)
+        j = len(self.keys) - 1
+        if j:
+            eye = torch.eye(self.L, dtype=torch.bool, device=k.device)
+            self.is_causal = False
+            self.mask = torch.cat([torch.tril(torch.ones(self.L, self.L, dtype=torch.bool, device=k.device))] + [eye] * j, dim=1)
+        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
 
 
 class EagleHead(nn.Module):
@@ -138,10 +150,23 @@ class EagleHead(nn.Module):
 
     def forward_train(self, features: Tensor, input_ids: Tensor) -> Tensor:
         """Causal forward without a cache over [B, T] pairs at positions 0..T-1."""
-        B, T = input_ids.shape
-        x = self._inputs(features, input_ids)
-        cos, sin = self.rotary(torch.arange(T).expand(B, T), x.dtype)
-        return self.layer(x, cos, sin, None, None, _NoCache())
+        return self.forward_levels(features, input_ids, 1)[0]
+
+    def forward_levels(self, features: Tensor, input_ids: Tensor, levels: int) -> list[Tensor]:
+        """Draft chains from every base pair at once, fed their own features but the true tokens.
+
+        features [B, L, D] = f_0..f_{L-1}; input_ids [B, L + levels - 1] = x_1..x_{L+levels-1}.
+        Level j's row p is the chain from pair p after j+1 steps: it predicts f_{p+j+1}, at RoPE
+        position p+j, and feeds level j+1 (with token x_{p+j+2}). Level 0 is `forward_train`.
+        """
+        B, L = features.shape[:2]
+        att, h, out = _Levels(L), features, []
+        for j in range(levels):
+            x = self._inputs(h, input_ids[:, j : j + L])
+            cos, sin = self.rotary((torch.arange(L) + j).expand(B, L), x.dtype)
+            h = self.layer(x, cos, sin, None, None, att)
+            out.append(h)
+        return out
 
     def draft_logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
