@@ -93,3 +93,13 @@ def test_a_finished_request_is_not_handed_over(runner, prompts, reference) -> No
     runner.submit(_greedy(prompts[0]), a)
     assert a.done.wait(300)
     assert not a.final.handed_over and a.tokens == reference[0]
+
+
+def test_bad_prompts_are_refused_at_submit(runner, model) -> None:
+    """The same prompt checks as the baseline engine: a clear ValueError before anything runs."""
+    with pytest.raises(ValueError, match="context"):
+        runner.submit(_greedy([1] * MAX_CONTEXT), Collect())
+    with pytest.raises(ValueError, match="token ids"):
+        runner.submit(_greedy([1, model.cfg.vocab_size]), Collect())
+    with pytest.raises(ValueError, match="token ids"):
+        runner.submit(_greedy([-1, 2]), Collect())

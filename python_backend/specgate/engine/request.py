@@ -30,10 +30,12 @@ class Event:
     handed_over: bool = False
 
 
-def check_room(req: GenerationRequest, max_context: int) -> None:
-    """ValueError unless the prompt leaves room for at least one new token in the context."""
+def check_prompt(req: GenerationRequest, max_context: int, vocab_size: int) -> None:
+    """ValueError unless the prompt is token ids of the model and leaves room for a new token."""
     if len(req.input_ids) + 1 > max_context:
         raise ValueError(f"prompt of {len(req.input_ids)} tokens leaves no room in the {max_context}-token context")
+    if not all(0 <= t < vocab_size for t in req.input_ids):
+        raise ValueError(f"input_ids must be token ids in [0, {vocab_size})")
 
 
 def hits_stop(generated: list[int], stop_words: list[list[int]]) -> bool:

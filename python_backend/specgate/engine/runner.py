@@ -23,7 +23,7 @@ import torch
 
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import KVCache, Llama
-from specgate.engine.request import Event, GenerationRequest, check_room, hits_stop
+from specgate.engine.request import Event, GenerationRequest, check_prompt, hits_stop
 from specgate.engine.sampling import sample_token
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,7 @@ class BatchRunner:
     # -- public -------------------------------------------------------------------------------
     def submit(self, req: GenerationRequest, emit: Emit, is_cancelled: Callable[[], bool] = lambda: False) -> None:
         """Queue a request. Events arrive on `emit` from the worker thread; the last has finished=True."""
-        check_room(req, self.cfg.max_context)
-        vocab = self.model.cfg.vocab_size
-        if not all(0 <= t < vocab for t in req.input_ids):
-            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        check_prompt(req, self.cfg.max_context, self.model.cfg.vocab_size)
         with self._cv:
             if self._stop:
                 raise RuntimeError("engine is shutting down")

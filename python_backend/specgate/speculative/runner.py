@@ -16,7 +16,7 @@ from typing import Callable
 
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama
-from specgate.engine.request import Event, GenerationRequest, check_room
+from specgate.engine.request import Event, GenerationRequest, check_prompt
 from specgate.engine.runner import QueueFull
 from specgate.speculative.registry import build_drafters, check_request
 from specgate.speculative.generator import SpeculativeGenerator
@@ -57,10 +57,11 @@ class SpeculativeRunner:
         algorithm: str | None = None,
         k: int | None = None,
     ) -> None:
-        """Validate now (ValueError: unknown algorithm, k out of range, prompt too long), run later."""
+        """Validate now (ValueError: unknown algorithm, k out of range, prompt too long or not token
+        ids of the model), run later."""
         algorithm = algorithm or self.cfg.default_algorithm
         check_request(algorithm, k, self.generator.drafters)
-        check_room(req, self.cfg.max_context)
+        check_prompt(req, self.cfg.max_context, self.generator.target.cfg.vocab_size)
         if self._q.qsize() >= self.cfg.max_queue_size:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
         self._q.put(_Job(req, emit, is_cancelled, algorithm, k, time.monotonic()))
