@@ -114,13 +114,22 @@ def write_card(path: Path, state: dict, report: dict) -> None:
     a = state["args"]
     rows = "\n".join(
         f"| {r['step']} | {r['epoch']} | {r['tokens']:,} | {r['minutes']} | {r['loss']:.4f} | {r['reg']:.4f} | {r['ce']:.3f} | {r['acc']:.3f} |"
-        for r in state["log"]
+        for r in state["log"][::-1][:: max(1, len(state["log"]) // 10)][::-1]  # about ten rows, the last one included
     )
     pos = " | ".join(f"{x:.3f}" for x in report["teacher_forced_top1"])
     chain = " | ".join(f"{x:.3f}" for x in report["chain_accept_per_pos"])
     k = report["k"]
     hdr = " | ".join(str(j) for j in range(1, k + 1))
     sep = "|".join("---" for _ in range(k + 1))
+    command = f"--minutes {a['minutes']:g} --levels {a['levels']}" + (f" --ttt-from {a['ttt_from']:g}" if a["ttt_from"] else "") + f" --threads {a['threads']}"
+    ttt = f"{a['levels']} chain levels at every position (level j is fed the head's own level j-1 features: training-time test)"
+    if a["ttt_from"]:
+        schedule = (
+            f"One level (plain EAGLE-1 training) for {a['ttt_from']:g} minutes at AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, "
+            f"cosine to 10%), then {ttt} for the remaining {a['minutes'] - a['ttt_from']:g} minutes at lr {a['lr'] / 2:g}, cosine to 10%."
+        )
+    else:
+        schedule = f"Each step unrolls {ttt if a['levels'] > 1 else 'one chain level'}. AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, cosine to 10% over the time budget)."
     path.write_text(f"""# EAGLE-1 head for SmolLM2-135M-Instruct
 
 One Llama decoder layer (no input norm) over `fc(cat(embed(x_(t+1)), f_t))`, predicting the target's
@@ -128,7 +137,7 @@ next final feature; draft vocabulary = the {a['draft_vocab']} most frequent targ
 training split (`d2t`). The file stores only `fc`, the layer and `d2t` (bf16); the embedding and the
 draft LM-head rows come from the target at load time (`specgate.speculative.eagle_head`).
 
-Reproduce: `make train-eagle` (`python -m build.train_eagle --minutes {a['minutes']:g} --levels {a['levels']} --threads {a['threads']}`).
+Reproduce: `make train-eagle` (`python -m build.train_eagle {command}`).
 
 ## Data
 
@@ -143,11 +152,9 @@ Reproduce: `make train-eagle` (`python -m build.train_eagle --minutes {a['minute
 
 ## Training
 
-CPU, {a['threads']} thread(s). Each step unrolls {a['levels']} chain level(s) at every position (level j is fed
-the head's own level j-1 features: training-time test). Loss per level SmoothL1(feature) +
+CPU, {a['threads']} thread(s). {schedule} Loss per level SmoothL1(feature) +
 {a['ce_weight']} x CE over the draft vocabulary against the target's greedy token, levels weighted 0.8^j.
-AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, cosine to 10% over the time budget), ~{a['batch_tokens']}
-tokens/step. {state['step']} steps, {state['tokens']:,} trained positions (level 0), {state['elapsed'] / 60:.1f} minutes.
+~{a['batch_tokens']} tokens/step. {state['step']} steps, {state['tokens']:,} trained positions (level 0), {state['elapsed'] / 60:.1f} minutes.
 
 | step | epoch | positions | minutes | loss | SmoothL1 | CE | train top-1 |
 |---|---|---|---|---|---|---|---|

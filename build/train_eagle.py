@@ -122,9 +122,20 @@ def loss_fn(head: EagleHead, batch: dict[str, torch.Tensor], ce_weight: float, l
 
 
 def lr_at(frac: float, step: int, base: float, warmup: int) -> float:
-    """Linear warm-up, then cosine over the time budget down to 10%."""
+    """Linear warm-up, then cosine over the phase down to 10%."""
     w = min(1.0, (step + 1) / warmup)
     return base * w * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def phase(elapsed: float, a: argparse.Namespace) -> tuple[int, float, float]:
+    """(chain levels, base lr, fraction of the phase done). With --ttt-from, plain training
+    (1 level) runs first, then the training-time test fine-tunes at half the learning rate."""
+    budget, switch = a.minutes * 60, (a.ttt_from or 0) * 60
+    if not switch:
+        return a.levels, a.lr, elapsed / budget
+    if elapsed < switch:
+        return 1, a.lr, elapsed / switch
+    return a.levels, a.lr / 2, (elapsed - switch) / max(budget - switch, 1.0)
 
 
 def save_state(path: Path, state: dict) -> None:
@@ -159,6 +170,7 @@ def main() -> None:
     ap.add_argument("--feature-tokens", type=int, default=800_000, help="stream tokens whose target features are cached")
     ap.add_argument("--features-only", action="store_true", help="fill the feature cache, then stop")
     ap.add_argument("--levels", type=int, default=3, help="chain levels per training step (1 = plain EAGLE-1 training)")
+    ap.add_argument("--ttt-from", type=float, default=0.0, help="minutes of plain training before the --levels phase (0: --levels throughout)")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=30)
@@ -194,6 +206,7 @@ def main() -> None:
         head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target, state["head"]["d2t"]).float()
         head.load_state_dict(state["head"], strict=False)
         print(f"[train-eagle] resuming at step {state['step']}, {state['elapsed'] / 60:.1f} min done", flush=True)
+        state["args"] = vars(a)  # a resumed run may extend the budget or add a phase
     state["samples"], state["cached_tokens"] = len(fs.spans), fs.tokens
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -217,11 +230,12 @@ def main() -> None:
             state["epoch"], state["pos"] = state["epoch"] + 1, 0
             epoch_batches = batches(fs.spans, state["epoch"], a.seed, a.batch_tokens)
         t0 = time.time()
-        batch = make_batch(fs, epoch_batches[state["pos"]], t2d, a.levels)
+        levels, lr, frac = phase(state["elapsed"], a)
+        batch = make_batch(fs, epoch_batches[state["pos"]], t2d, levels)
         state["pos"] += 1
         for g in opt.param_groups:
-            g["lr"] = lr_at(state["elapsed"] / budget, state["step"], a.lr, a.warmup)
-        loss, m = loss_fn(head, batch, a.ce_weight, a.levels)
+            g["lr"] = lr_at(frac, state["step"], lr, a.warmup)
+        loss, m = loss_fn(head, batch, a.ce_weight, levels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
