@@ -13,6 +13,7 @@ Two numbers, both against the target's greedy output (bf16, the project's own Ll
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
@@ -130,6 +131,9 @@ def write_card(path: Path, state: dict, report: dict) -> None:
         )
     else:
         schedule = f"Each step unrolls {ttt if a['levels'] > 1 else 'one chain level'}. AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, cosine to 10% over the time budget)."
+    # Sections whose heading says "(written by hand)" (ablations run outside this command) survive a rerun.
+    old = path.read_text() if path.exists() else ""
+    hand = next((m.start() for m in re.finditer(r"^## .*\(written by hand\)", old, re.M)), len(old))
     path.write_text(f"""# EAGLE-1 head for SmolLM2-135M-Instruct
 
 One Llama decoder layer (no input norm) over `fc(cat(embed(x_(t+1)), f_t))`, predicting the target's
@@ -177,7 +181,7 @@ Greedy {k}-chain speculative decoding ({report['steps']} verification steps, {re
 Teacher-forced top-1 at position j: the head fed its own j-1 predicted features but the true
 tokens, over every reply position of the same greedy replies. The chain row is the fraction of
 drafts whose first j tokens were all accepted.
-""")
+""" + ("\n" + old[hand:] if old[hand:] else ""))
 
 
 def main() -> None:

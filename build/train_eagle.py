@@ -9,11 +9,13 @@ forward, i.e. exactly what the serving drafter sees); training then takes epochs
 Loss per chain level j (`--levels`, EAGLE-3's training-time test: level j feeds the head its own
 level j-1 features), at base pair p: SmoothL1(h, f_{p+j+1}) + 0.1 * CE(draft_logits(h), g_{p+j+1})
 where g_i = argmax target.lm_head(f_i) is the target's greedy token (ignored when outside the draft
-vocabulary); levels are weighted 0.8^j, normalised.
+vocabulary); levels are weighted 0.8^j, normalised. With `--ttt-from M`, the first M minutes train
+one level (cheap: many passes) and the rest fine-tune with `--levels` at half the learning rate,
+which gave the best held-out tau of the runs on heads/smollm2-135m-eagle/CARD.md.
 
 Rerunning continues from artifacts/eagle/ckpt/state.pt until `--minutes` of training are spent.
 
-    python -m build.train_eagle --minutes 45 --threads 1
+    python -m build.train_eagle --minutes 65 --levels 3 --ttt-from 40 --threads 1
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ def training_samples(a: argparse.Namespace, convs: list[dict], tok) -> Iterator[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=45.0, help="training time budget, over all resumes")
+    ap.add_argument("--minutes", type=float, default=65.0, help="training time budget, over all resumes")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--distill-prompts", type=int, default=1056, help="self-distilled training prompts (generated first, cached)")
     ap.add_argument("--distill-ratio", type=int, default=3, help="distilled samples per ShareGPT conversation")
@@ -170,7 +172,7 @@ def main() -> None:
     ap.add_argument("--feature-tokens", type=int, default=800_000, help="stream tokens whose target features are cached")
     ap.add_argument("--features-only", action="store_true", help="fill the feature cache, then stop")
     ap.add_argument("--levels", type=int, default=3, help="chain levels per training step (1 = plain EAGLE-1 training)")
-    ap.add_argument("--ttt-from", type=float, default=0.0, help="minutes of plain training before the --levels phase (0: --levels throughout)")
+    ap.add_argument("--ttt-from", type=float, default=40.0, help="minutes of plain training before the --levels phase (0: --levels throughout)")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=30)

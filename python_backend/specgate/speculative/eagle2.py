@@ -5,10 +5,11 @@ sum of draft log-probabilities along the path; the `top_k` best of those become 
 Reranking: the `k` best-scored candidates of all depths form the tree. A child never outscores its
 parent, so that set contains every selected node's ancestors.
 
-Defaults (depth 5, top_k 4, k = total_tokens 8), from build/bench_drafters.py with a 30-minute
-head, bf16, 1 thread: tokens per target step 1.41 at 8 nodes, 1.45 at 16, 1.32 for depth 4 /
-top_k 2 / 6 nodes; a target forward over 9 tokens costs about as much as over 1 (1.04x) while 17
-cost 1.29x, so 8 nodes win. Retune with the final head: the tree's value grows with head quality.
+Defaults (depth 5, top_k 4, k = total_tokens 8), from build/bench_drafters.py (20 prompts, 64
+tokens, bf16, 1 thread) with a head of held-out tau 1.86: 1.99 tokens per target step at 8 nodes
+(1.33x plain greedy), 2.06 at 12 (1.23x), 2.07 at 16 (depth 6; 1.14x), 2.17 at 24 (depth 6, top_k 6;
+1.09x); smaller trees 1.83-1.95 (depth 4 / 6 nodes 1.31x, top_k 3 / 8 nodes 1.28x). A target
+forward over 9 tokens costs about as much as over 1 while 17 cost 1.29x, so 8 nodes win.
 
 Children are chosen deterministically (top-k), so the tree carries no q: the verifier treats each
 as one-hot, which is exact at any temperature (a sampled tree would accept more when T > 0).
