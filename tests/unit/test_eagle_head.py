@@ -7,20 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgate.engine.model import KVCache, Llama, LlamaConfig, load_llama
+from specgate.engine.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, greedy_chain, load_eagle_head, save_eagle_head
+from tests.unit.tiny_model import tiny_target
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "artifacts/checkpoints/smollm2-135m-instruct"
-TINY = LlamaConfig(
-    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-    eos_token_id=2, max_position_embeddings=256,
-)  # fmt: skip
-
-
-def _tiny_target() -> Llama:
-    torch.manual_seed(0)
-    return Llama(TINY, max_len=256).eval()
 
 
 def _head(target: Llama, draft_vocab: int = 50) -> EagleHead:
@@ -30,7 +21,7 @@ def _head(target: Llama, draft_vocab: int = 50) -> EagleHead:
 
 
 def test_shapes_and_draft_vocab() -> None:
-    target = _tiny_target()
+    target = tiny_target()
     head = _head(target)
     feats, ids = torch.randn(2, 7, 64), torch.randint(0, 300, (2, 7))
     h = head.forward_train(feats, ids)
@@ -44,7 +35,7 @@ def test_shapes_and_draft_vocab() -> None:
 
 def test_cached_steps_equal_forward_train() -> None:
     """Prefill + single-pair steps through the KV cache reproduce the causal training forward."""
-    head = _head(_tiny_target())
+    head = _head(tiny_target())
     feats, ids = torch.randn(1, 9, 64), torch.randint(0, 300, (1, 9))
     with torch.no_grad():
         ref = head.forward_train(feats, ids)
@@ -57,7 +48,7 @@ def test_cached_steps_equal_forward_train() -> None:
 def test_levels_equal_serving_chains() -> None:
     """Training-time test: level j of forward_levels is what a serving chain from the same base pair
     computes at step j (true prefix in the cache, its own features fed back, true tokens)."""
-    head = _head(_tiny_target())
+    head = _head(tiny_target())
     L, levels = 8, 3
     feats, ids = torch.randn(1, L, 64), torch.randint(0, 300, (1, L + levels - 1))
     with torch.no_grad():
@@ -72,7 +63,7 @@ def test_levels_equal_serving_chains() -> None:
 
 
 def test_greedy_chain_feeds_back_its_features() -> None:
-    head = _head(_tiny_target())
+    head = _head(tiny_target())
     feats, ids = torch.randn(1, 5, 64), torch.randint(0, 300, (1, 5))
     cache = head.new_cache(16, torch.float32)
     head(feats[:, :4], ids[:, :4], cache, 0)
@@ -87,7 +78,7 @@ def test_greedy_chain_feeds_back_its_features() -> None:
 
 
 def test_save_load_round_trip(tmp_path: Path) -> None:
-    target = _tiny_target()
+    target = tiny_target()
     head = _head(target)
     save_eagle_head(head, tmp_path)
     stored = (tmp_path / "eagle_head.safetensors").stat().st_size

@@ -11,20 +11,8 @@ import torch
 from build import eagle_features
 from build.eagle_data import Sample
 from build.train_eagle import batches, loss_fn, make_batch
-from specgate.engine.model import Llama, LlamaConfig
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig
-
-TINY = LlamaConfig(
-    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-    eos_token_id=2, max_position_embeddings=256,
-)  # fmt: skip
-
-
-def _target() -> Llama:
-    torch.manual_seed(0)
-    return Llama(TINY, max_len=256).to(torch.bfloat16).eval()
-
+from tests.unit.tiny_model import TINY, tiny_target
 
 def _samples(n: int) -> list[Sample]:
     g = torch.Generator().manual_seed(1)
@@ -32,7 +20,7 @@ def _samples(n: int) -> list[Sample]:
 
 
 def test_feature_cache_resumes_in_stream_order(tmp_path: Path) -> None:
-    target, samples = _target(), _samples(12)
+    target, samples = tiny_target(torch.bfloat16), _samples(12)
     eagle_features.extract(target, iter(samples), 150, tmp_path, shard_tokens=100)  # stops part-way
     first = eagle_features.load(tmp_path)
     assert 150 <= first.tokens < sum(len(s.ids) for s in samples)
@@ -56,7 +44,7 @@ def test_an_epoch_covers_every_sample_once() -> None:
 def test_levels_are_aimed_at_the_right_feature_and_token(tmp_path: Path) -> None:
     """Level j at base p must regress f_{p+j+1} and predict the target's greedy token there: a
     'head' that outputs exactly that feature gets zero regression loss and full top-1."""
-    target, samples = _target(), _samples(3)
+    target, samples = tiny_target(torch.bfloat16), _samples(3)
     eagle_features.extract(target, iter(samples), 10_000, tmp_path)
     fs = eagle_features.load(tmp_path)
     d2t = torch.arange(300)
