@@ -101,7 +101,7 @@ def extract(target: Llama, samples: Iterator[Sample], max_tokens: int, out: Path
 def load(out: Path = FEATURES) -> FeatureSet:
     shards = [torch.load(p, weights_only=True, mmap=True) for p in _shards(out)]
     if not shards:
-        raise FileNotFoundError(f"no feature shards in {out}: run `python -m build.eagle_features`")
+        raise FileNotFoundError(f"no feature shards in {out}: run `python -m build.train_eagle --features-only`")
     spans, base = [], 0
     for d in shards:
         spans += [(base + int(o), int(n), int(s)) for o, n, s in d["spans"].tolist()]

@@ -169,7 +169,7 @@ def main() -> None:
     ap.add_argument("--distill-prompts", type=int, default=1056, help="self-distilled training prompts (generated first, cached)")
     ap.add_argument("--distill-ratio", type=int, default=3, help="distilled samples per ShareGPT conversation")
     ap.add_argument("--max-len", type=int, default=1024)
-    ap.add_argument("--feature-tokens", type=int, default=800_000, help="stream tokens whose target features are cached")
+    ap.add_argument("--feature-tokens", type=int, default=1_000_000, help="stream tokens whose target features are cached")
     ap.add_argument("--features-only", action="store_true", help="fill the feature cache, then stop")
     ap.add_argument("--levels", type=int, default=3, help="chain levels per training step (1 = plain EAGLE-1 training)")
     ap.add_argument("--ttt-from", type=float, default=40.0, help="minutes of plain training before the --levels phase (0: --levels throughout)")
