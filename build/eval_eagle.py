@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from build import eagle_data
 from build.eagle_data import CHECKPOINT
+from build.eagle_features import target_features
 from specgate.engine.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, greedy_chain, load_eagle_head
 
@@ -90,9 +91,8 @@ def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int
         steps += s
         covered, total = covered + int(in_vocab[torch.tensor(out)].sum()), total + len(out)
         ids = prompt + out
-        cache = KVCache(target.cfg, 1, len(ids), torch.bfloat16)
-        f = target(torch.tensor([ids]), cache, torch.tensor([0]), torch.tensor([0]))[0]
-        for j, (c, n) in enumerate(teacher_forced(head, f, ids, target.logits(f).argmax(-1), len(prompt), k)):
+        f, greedy = target_features(target, ids)
+        for j, (c, n) in enumerate(teacher_forced(head, f, ids, greedy, len(prompt), k)):
             tf[j][0] += c
             tf[j][1] += n
     accepted = sum(steps)
