@@ -31,14 +31,14 @@ def test_defaults() -> None:
     p = Policy()
     assert p.mode is Mode.OFF
     assert p.temperature_threshold == 0.70
-    assert p.breaker.open_threshold == 0.55
+    assert p.breaker.open_threshold == 0.08
     assert p.load.max_in_flight == 1
     assert p.unknown_tenant == "org_default" and p.malformed_header == "reject"
 
 
 def test_shipped_default_policy_is_valid() -> None:
     p = load_policy(REPO / "policy" / "default.yaml")
-    assert p.temperature_threshold == 0.70 and p.breaker.open_threshold == 0.55
+    assert p.temperature_threshold == 0.70 and p.breaker.open_threshold == 0.08
 
 
 def test_json_is_accepted() -> None:

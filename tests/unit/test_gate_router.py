@@ -156,7 +156,7 @@ def test_breaker_routes_and_probes(tmp_path: Path) -> None:
     g = make_gate(tmp_path, clock=clock)
     for _ in range(2):
         d = g.decide(RequestInputs(api_key="stranger"))
-        g.record_speculative(d, SpecStats(draft_tokens=10, accepted_tokens=1))
+        g.record_speculative(d, SpecStats(draft_tokens=10, accepted_tokens=0))
         g.finish(d)
     assert g.breakers.snapshot("org").state is BreakerState.OPEN
     assert decide(g) == ("baseline", "circuit_open", False)

@@ -60,8 +60,9 @@ class BreakerPolicy(_Strict):
     """Per-tenant circuit breaker on the rolling acceptance rate (see breaker.py)."""
 
     ema_weight: float = Field(0.1, gt=0.0, le=1.0)
-    open_threshold: UnitInterval = 0.55
-    close_threshold: UnitInterval = 0.60
+    # The CPU engine's measured break-even acceptance (policy/default.yaml says how it was measured).
+    open_threshold: UnitInterval = 0.08
+    close_threshold: UnitInterval = 0.10
     min_samples: int = Field(20, ge=1)
     cooldown_s: float = Field(30.0, ge=0.0)
     probe_fraction: float = Field(0.1, gt=0.0, le=0.5)
