@@ -336,7 +336,7 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
         f"- machine: {meta['machine']['cpus']} CPU cores, {meta['machine']['cpu_model']}; load average {meta['load_start']:.1f} at start, "
         f"{meta['load_end']:.1f} at end" + (" (**shared with other jobs**: numbers are noisier and slower than on an idle machine)" if meta["shared"] else ""),
         f"- engines: CPU reference engine, dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
-        f"{meta['k']} draft tokens; baseline engine batches up to 8, the speculative engine serves one sequence at a time",
+        f"{meta['k'] or 'the engine default of'} draft tokens; baseline engine batches up to 8, the speculative engine serves one sequence at a time",
         f"- requests: greedy (T=0) except mixed-temperature, up to {args.max_tokens} new tokens, HTTP generate_stream, "
         f"loadtest's built-in prompt mix (loadtest/workloads.py), max(6, {args.per_worker} x c) requests per cell, closed loop",
         "- TPOT = (last chunk - first token) / (tokens - 1) per request; TTFT = first token; throughput = output tokens / cell wall time",
@@ -372,7 +372,7 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
         t, per = summed(sc_cells, "totals"), summed(sc_cells, "accepted_per_position")
         if not t.get("num_drafts"):
             continue
-        positions = max([meta["k"], *(int(p) + 1 for p in per)])
+        positions = max([meta["k"] or 0, *(int(p) + 1 for p in per)])  # k None: the engine's default
         rates[sc] = [per.get(str(i), 0.0) / t["num_drafts"] for i in range(positions)]
         md.append(f"| {sc} | {t['num_drafts']:.0f} | {t['num_draft_tokens']:.0f} | {t['num_accepted_tokens']:.0f} | "
                   f"{t['num_accepted_tokens'] / max(t['num_draft_tokens'], 1):.2f} | {1 + t['num_accepted_tokens'] / t['num_drafts']:.2f} | "

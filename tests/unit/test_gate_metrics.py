@@ -56,7 +56,7 @@ def test_speculative_stats_exact_counts(pb: InMemoryMetricFactory, fams: dict[st
 
 def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\n")
+    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
     gate = Gate(str(path), metric_factory=pb)
     label = hashlib.sha256(b"secret-key").hexdigest()[:8]
 

@@ -97,7 +97,9 @@ def test_algorithm_and_k_resolution(gate: Gate) -> None:
     d = gate.decide(RequestInputs(api_key=KEY_A, speculative_algorithm="eagle2", num_speculative_tokens=2))
     assert (d.algorithm, d.num_speculative_tokens) == ("eagle2", 2)  # request wins
     d = gate.decide(RequestInputs())
-    assert (d.algorithm, d.num_speculative_tokens) == ("eagle", 4)  # policy defaults
+    assert (d.algorithm, d.num_speculative_tokens) == ("eagle", None)  # policy defaults: k is the engine's
+    d = gate.decide(RequestInputs(speculative_algorithm="ngram"))
+    assert d.num_speculative_tokens is None  # another algorithm gets its own default length, not eagle's
     with pytest.raises(PolicyError, match="speculative_algorithm"):
         gate.decide(RequestInputs(speculative_algorithm="medusa"))
     with pytest.raises(PolicyError, match="num_speculative_tokens"):

@@ -90,7 +90,10 @@ class ShadowPolicy(_Strict):
 
 class SpeculativePolicy(_Strict):
     algorithm: Algorithm = "eagle"
-    num_speculative_tokens: int = Field(4, ge=1)
+    # None: the engine's own default for whichever algorithm a request ends up with (CPU engine:
+    # eagle 5-chain, eagle2 8-node tree, ngram 5, draft_model 3), so a tenant or request that picks
+    # another algorithm gets that algorithm's length: k means chain length for some, tree nodes for eagle2.
+    num_speculative_tokens: int | None = Field(None, ge=1)
     max_num_speculative_tokens: int = Field(8, ge=1, le=64)
     # No response from spec_engine for this long counts as a failure and the request continues on
     # the baseline: Triton 2.51 never finalizes requests in flight on a Python-backend stub that
@@ -99,7 +102,7 @@ class SpeculativePolicy(_Strict):
 
     @model_validator(mode="after")
     def _within_max(self) -> SpeculativePolicy:
-        if self.num_speculative_tokens > self.max_num_speculative_tokens:
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens > self.max_num_speculative_tokens:
             raise ValueError("speculative.num_speculative_tokens exceeds max_num_speculative_tokens")
         return self
 

@@ -122,7 +122,7 @@ class Decision:
     reason: str
     shadow: bool  # serve baseline AND mirror to the speculative engine; call end_shadow() after
     algorithm: str
-    num_speculative_tokens: int
+    num_speculative_tokens: int | None  # None: the engine's default for the algorithm
     mode: Mode
     tenant: str  # metric label: 8 hex of sha256(api key), or "org"
     probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
@@ -134,7 +134,8 @@ class GateStats(Protocol):
 
     `num_drafts` (verification steps) and `accepted_per_position` are CPU-engine extensions; when
     `num_drafts` is 0 or None while tokens were drafted (tensorrtllm) it is estimated as
-    ceil(draft_tokens / num_speculative_tokens), exact for fixed-length chains.
+    ceil(draft_tokens / num_speculative_tokens), exact for fixed-length chains (and left at 0 when
+    the decision leaves k to the engine's default).
     """
 
     @property
@@ -213,7 +214,7 @@ class Gate:
     def record_speculative(self, decision: Decision, stats: GateStats) -> None:
         """Stats of a finished speculative request or shadow mirror: metrics and the tenant's EMA."""
         drafts = stats.num_drafts
-        if not drafts and stats.draft_tokens > 0:
+        if not drafts and stats.draft_tokens > 0 and decision.num_speculative_tokens:
             drafts = -(-stats.draft_tokens // decision.num_speculative_tokens)
         self._metrics.speculative_stats(
             drafts or 0, stats.draft_tokens, stats.accepted_tokens, stats.accepted_per_position
@@ -327,7 +328,7 @@ def _resolve_mode(
 
 def _speculation(
     inputs: GateRequest, tenant: TenantPolicy | None, policy: Policy
-) -> tuple[str, int]:
+) -> tuple[str, int | None]:
     default = _override(tenant, "algorithm", policy.speculative.algorithm)
     algorithm = inputs.speculative_algorithm or default
     if algorithm not in ALGORITHMS:
@@ -339,7 +340,7 @@ def _speculation(
     if k is None:
         k = _override(tenant, "num_speculative_tokens", policy.speculative.num_speculative_tokens)
     limit = policy.speculative.max_num_speculative_tokens
-    if not 1 <= k <= limit:
+    if k is not None and not 1 <= k <= limit:
         raise PolicyError(f"num_speculative_tokens: {k} is outside 1..{limit}")
     return algorithm, k
 

@@ -185,7 +185,11 @@ class GateModel:
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
             seed=llm.seed, streaming=stream, stop_words=stops,
         )
-        params = {PARAM_ALGORITHM: d.algorithm, PARAM_NUM_SPEC_TOKENS: int(d.num_speculative_tokens)} if engine == "spec_engine" else {}
+        params: dict[str, Any] = {}
+        if engine == "spec_engine":
+            params[PARAM_ALGORITHM] = d.algorithm
+            if d.num_speculative_tokens is not None:  # else the engine's default for the algorithm
+                params[PARAM_NUM_SPEC_TOKENS] = int(d.num_speculative_tokens)
         return _bls_request(engine, arrays, self.outputs, params)
 
     def _run(
