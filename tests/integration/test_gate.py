@@ -158,3 +158,28 @@ def test_load_hands_a_running_speculative_request_over(http, grpc):
     finally:
         TEST_POLICY.write_text(original)
         time.sleep(2.5)
+
+
+def test_policy_without_k_sends_the_engines_default_for_the_algorithm(http, server):
+    """speculative.num_speculative_tokens null (the shipped policy): the gate sends no k and
+    spec_engine drafts its own default for the algorithm (eagle2: 8-node trees), not some fixed k."""
+    original = TEST_POLICY.read_text()
+    policy = yaml.safe_load(original)
+    policy["speculative"].update(algorithm="eagle2", num_speculative_tokens=None)
+    policy["tenants"]["tenant-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
+    tmp = TEST_POLICY.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(policy))
+    tmp.replace(TEST_POLICY)
+    time.sleep(2.5)  # the gate checks the file at most once a second
+    try:
+        before = scrape(server.metrics)
+        r = http.generate(NOVEL[0], GenerateParams(max_tokens=48), api_key="tenant-defaults")
+        after = scrape(server.metrics)
+        assert r.meta["route"] == "speculative", r.meta
+        drafts = delta(before, after, "spec_decode_num_drafts_total")
+        # 8 nodes per step until the last steps' budget (max_tokens) trims the tree; the old
+        # policy value, 4, would cap it at 4
+        assert drafts > 0 and r.meta["num_draft_tokens"] / drafts > 6, (r.meta, drafts)
+    finally:
+        TEST_POLICY.write_text(original)
+        time.sleep(2.5)
