@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
+DRAFT = CHECKPOINT.parent / "smollm2-135m-draft"  # written by `make build-engines`
+HEAD = ROOT / "heads" / "smollm2-135m-eagle"  # the shipped EAGLE head
 TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
 

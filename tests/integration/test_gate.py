@@ -6,6 +6,7 @@ breaker) with fp32 engines; the speculative default there is n-gram, which needs
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -28,6 +29,23 @@ NOVEL = [
     "What would a cat say about Mondays?",
     "Describe the taste of rain in one sentence.",
 ]
+
+
+@contextlib.contextmanager
+def live_policy(edit):
+    """Apply `edit(policy dict)` to the server's live policy copy for the block, then restore it."""
+    original = TEST_POLICY.read_text()
+    policy = yaml.safe_load(original)
+    edit(policy)
+    tmp = TEST_POLICY.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(policy))
+    tmp.replace(TEST_POLICY)
+    time.sleep(2.5)  # the gate checks the file at most once a second
+    try:
+        yield
+    finally:
+        TEST_POLICY.write_text(original)
+        time.sleep(2.5)
 
 
 def route_of(client, prompt=PROMPT, params=GREEDY, **kw) -> tuple[str, str, str]:
@@ -138,14 +156,7 @@ def test_load_hands_a_running_speculative_request_over(http, grpc):
     baseline once a second request arrives: same text (fp32, greedy), final route baseline, reason load."""
     long = GenerateParams(max_tokens=96, num_speculative_tokens=4)
     expected = http.generate(ECHO, long, spec_mode="off").text
-    original = TEST_POLICY.read_text()
-    policy = yaml.safe_load(original)
-    policy["load"] = {"max_in_flight": 1}
-    tmp = TEST_POLICY.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(policy))
-    tmp.replace(TEST_POLICY)
-    time.sleep(2.5)  # the gate checks the file at most once a second
-    try:
+    with live_policy(lambda p: p.update(load={"max_in_flight": 1})):
         stream = grpc.stream(ECHO, long, spec_mode="prod")
         first = next(stream)
         assert first.meta["route"] == "speculative", first.meta
@@ -155,23 +166,16 @@ def test_load_hands_a_running_speculative_request_over(http, grpc):
         text = first.text + "".join(c.text for c in rest)
         assert rest[-1].meta["route"] == "baseline" and rest[-1].meta["gate_reason"] == "load", rest[-1].meta
         assert text == expected
-    finally:
-        TEST_POLICY.write_text(original)
-        time.sleep(2.5)
 
 
 def test_policy_without_k_sends_the_engines_default_for_the_algorithm(http, server):
     """speculative.num_speculative_tokens null (the shipped policy): the gate sends no k and
     spec_engine drafts its own default for the algorithm (eagle2: 8-node trees), not some fixed k."""
-    original = TEST_POLICY.read_text()
-    policy = yaml.safe_load(original)
-    policy["speculative"].update(algorithm="eagle2", num_speculative_tokens=None)
-    policy["tenants"]["tenant-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
-    tmp = TEST_POLICY.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(policy))
-    tmp.replace(TEST_POLICY)
-    time.sleep(2.5)  # the gate checks the file at most once a second
-    try:
+    def edit(policy: dict) -> None:
+        policy["speculative"].update(algorithm="eagle2", num_speculative_tokens=None)
+        policy["tenants"]["tenant-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
+
+    with live_policy(edit):
         before = scrape(server.metrics)
         r = http.generate(NOVEL[0], GenerateParams(max_tokens=48), api_key="tenant-defaults")
         after = scrape(server.metrics)
@@ -180,6 +184,3 @@ def test_policy_without_k_sends_the_engines_default_for_the_algorithm(http, serv
         # 8 nodes per step until the last steps' budget (max_tokens) trims the tree; the old
         # policy value, 4, would cap it at 4
         assert drafts > 0 and r.meta["num_draft_tokens"] / drafts > 6, (r.meta, drafts)
-    finally:
-        TEST_POLICY.write_text(original)
-        time.sleep(2.5)

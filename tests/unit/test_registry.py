@@ -7,10 +7,7 @@ import torch
 
 from specgate.engine.model import load_llama
 from specgate.speculative.registry import ALGORITHMS, build_drafters, check_request
-from tests.conftest import CHECKPOINT, ROOT
-
-HEAD = ROOT / "heads" / "smollm2-135m-eagle"
-DRAFT = CHECKPOINT.parent / "smollm2-135m-draft"
+from tests.conftest import DRAFT, HEAD
 
 
 def test_every_algorithm_loads_from_shipped_artifacts(checkpoint):

@@ -13,21 +13,20 @@ import torch
 from specgate.engine.model import load_llama
 from specgate.engine.sampling import SamplingParams
 from specgate.gate.breaker import BreakerState, CircuitBreakers
-from specgate.gate.policy import load_policy
+from specgate.gate.policy import BreakerPolicy, load_policy
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
-from tests.conftest import CHECKPOINT, ROOT
+from tests.conftest import DRAFT, HEAD, ROOT
 from tests.prompts import GREEDY_PROMPTS
 
-HEAD = ROOT / "heads" / "smollm2-135m-eagle"
-DRAFT = CHECKPOINT.parent / "smollm2-135m-draft"
 MAX_LEN = 512
 NEW_TOKENS = 32
 
 
-def _breaker_state(gen: SpeculativeGenerator, tok: PromptTokenizer, algorithm: str, k: int) -> tuple[BreakerState, list[float]]:
-    policy = load_policy(ROOT / "policy" / "default.yaml")
+def _breaker_state(
+    gen: SpeculativeGenerator, tok: PromptTokenizer, cfg: BreakerPolicy, algorithm: str, k: int | None
+) -> tuple[BreakerState, list[float]]:
     breakers = CircuitBreakers(now=lambda: 0.0)
     rates = []
     for prompt in GREEDY_PROMPTS:  # 20 requests: the shipped min_samples
@@ -36,7 +35,7 @@ def _breaker_state(gen: SpeculativeGenerator, tok: PromptTokenizer, algorithm: s
             pass
         s = stream.stats
         rates.append(s.accepted_tokens / max(s.draft_tokens, 1))
-        breakers.record_acceptance("tenant", s.accepted_tokens, s.draft_tokens, policy.breaker)
+        breakers.record_acceptance("tenant", s.accepted_tokens, s.draft_tokens, cfg)
     return breakers.snapshot("tenant").state, rates
 
 
@@ -48,7 +47,7 @@ def test_breaker_stays_closed_where_speculation_pays_and_opens_where_it_does_not
     tok = PromptTokenizer(checkpoint, MAX_LEN - NEW_TOKENS - 16)
 
     spec = policy.speculative
-    state, rates = _breaker_state(gen, tok, spec.algorithm, spec.num_speculative_tokens)
+    state, rates = _breaker_state(gen, tok, policy.breaker, spec.algorithm, spec.num_speculative_tokens)
     assert state is BreakerState.CLOSED, f"{spec.algorithm} k={spec.num_speculative_tokens} acceptance {rates}"
-    state, rates = _breaker_state(gen, tok, "draft_model", spec.num_speculative_tokens)
+    state, rates = _breaker_state(gen, tok, policy.breaker, "draft_model", spec.num_speculative_tokens)
     assert state is BreakerState.OPEN, f"draft_model acceptance {rates}"
