@@ -50,6 +50,7 @@ from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.eagle_head import load_eagle_head
+from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -58,7 +59,7 @@ DRAFT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-draft"
 HEAD = ROOT / "heads" / "smollm2-135m-eagle"
 MAX_LEN = 1024  # prompts are capped at ~600 tokens; room for the output and a draft tree
 DTYPE = torch.bfloat16
-ALGORITHMS = ("draft_model", "ngram", "eagle", "eagle2")
+ALGORITHMS = ("draft_model", "ngram", "eagle", "eagle2", "hybrid")
 
 
 @dataclass
@@ -162,15 +163,18 @@ def build_drafters(target: Llama, algorithms: list[str], head: Path) -> tuple[di
         drafters["ngram"] = NgramDrafter()
     if "draft_model" in algorithms:
         drafters["draft_model"] = DraftModelDrafter(load_llama(DRAFT, DTYPE, MAX_LEN), target, MAX_LEN)
-    if {"eagle", "eagle2"} & set(algorithms):
+    if {"eagle", "eagle2", "hybrid"} & set(algorithms):
         if (head / "config.json").exists():
             # One head per drafter, as an engine serving only that algorithm would hold it.
             if "eagle" in algorithms:
                 drafters["eagle"] = EagleDrafter(load_eagle_head(head, target, DTYPE), target, MAX_LEN)
             if "eagle2" in algorithms:
                 drafters["eagle2"] = Eagle2Drafter(load_eagle_head(head, target, DTYPE), target, MAX_LEN)
+            if "hybrid" in algorithms:
+                tree = Eagle2Drafter(load_eagle_head(head, target, DTYPE), target, MAX_LEN)
+                drafters["hybrid"] = HybridDrafter(tree, NgramDrafter())
         else:
-            notes.append(f"eagle / eagle2 not measured: no EAGLE head at {head} (`make train-eagle` writes it)")
+            notes.append(f"eagle / eagle2 / hybrid not measured: no EAGLE head at {head} (`make train-eagle` writes it)")
     return drafters, notes
 
 

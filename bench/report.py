@@ -113,7 +113,7 @@ def policies(engine: dict[str, Any]) -> tuple[dict, dict, str | None]:
     """
     gated = yaml.safe_load((ROOT / "policy" / "default.yaml").read_text())
     note = None
-    if engine.get("eagle_head_dir") is None and gated["speculative"]["algorithm"] in ("eagle", "eagle2"):
+    if engine.get("eagle_head_dir") is None and gated["speculative"]["algorithm"] in ("eagle", "eagle2", "hybrid"):
         note = (f"policy/default.yaml names `{gated['speculative']['algorithm']}`, but no EAGLE head is built here; "
                 f"the report's policy uses the engine's default `{engine['default_algorithm']}` (otherwise every speculative "
                 f"request fails over to baseline with reason spec_engine_failure)")

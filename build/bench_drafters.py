@@ -2,8 +2,9 @@
 
 Greedy decoding of --prompts prompts of tests/data/speculative_prompts.json (spread over the
 file) in --dtype, single sequence, one thread by default. Used to choose the drafter defaults:
-draft-model depth (--draft-layers: first N target layers, built in memory) and the EAGLE-2 tree
-(--eagle2 depth:top_k:total_tokens). Prints one row per configuration. Not a test.
+draft-model depth (--draft-layers: first N target layers, built in memory), the EAGLE-2 tree
+(--eagle2 depth:top_k:total_tokens) and the hybrid's split (--hybrid tree_nodes:chain_tokens).
+Prints one row per configuration. Not a test.
 
     python -m build.bench_drafters --prompts 20 --max-new 64
 """
@@ -25,6 +26,7 @@ from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
+from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -90,10 +92,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new", type=int, default=64)
-    ap.add_argument("--algorithms", default="ngram,draft_model,eagle,eagle2")
+    ap.add_argument("--algorithms", default="ngram,draft_model,eagle,eagle2,hybrid")
     ap.add_argument("--k", default="", help="comma list of k for the chain drafters (default: each drafter's default)")
     ap.add_argument("--draft-layers", default=str(DEFAULT_LAYERS), help="comma list of draft-model depths to try")
     ap.add_argument("--eagle2", default="5:4:8", help="comma list of depth:top_k:total_tokens to try")
+    ap.add_argument("--hybrid", default="8:5", help="comma list of tree_nodes:chain_tokens to try (default tree shape)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -116,9 +119,9 @@ def main() -> None:
         for n in map(int, args.draft_layers.split(",")):
             drafter = DraftModelDrafter(first_layers(args.checkpoint, n, dtype), target, MAX_LEN)
             configs.append((f"draft_model ({n} layers)", drafter, ks or [DraftModelDrafter.default_k]))
-    if {"eagle", "eagle2"} & set(algos):
+    if {"eagle", "eagle2", "hybrid"} & set(algos):
         if not (args.eagle_head / "config.json").exists():
-            print(f"(no EAGLE head at {args.eagle_head}: eagle/eagle2 skipped; `make train-eagle` writes it)")
+            print(f"(no EAGLE head at {args.eagle_head}: eagle/eagle2/hybrid skipped; `make train-eagle` writes it)")
         else:
             from specgate.speculative.eagle_head import load_eagle_head
 
@@ -129,6 +132,10 @@ def main() -> None:
                 depth, top_k, total = map(int, spec.split(":"))
                 drafter = Eagle2Drafter(head, target, MAX_LEN, depth=depth, top_k=top_k)
                 configs.append((f"eagle2 (d={depth}, top_k={top_k})", drafter, [total]))
+            for spec in args.hybrid.split(",") if "hybrid" in algos else []:
+                nodes, chain = map(int, spec.split(":"))
+                drafter = HybridDrafter(Eagle2Drafter(head, target, MAX_LEN), NgramDrafter(), chain_k=chain)
+                configs.append((f"hybrid (chain {chain})", drafter, [nodes + chain]))
     for label, drafter, k_list in configs:
         gen = SpeculativeGenerator(target, {drafter.name: drafter}, MAX_LEN)
         for k in k_list:

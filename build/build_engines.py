@@ -39,13 +39,14 @@ def build_cpu(args: argparse.Namespace) -> None:
     head_dir = ROOT / "heads" / "smollm2-135m-eagle"
     has_head = (head_dir / "eagle_head.safetensors").exists()
     if not has_head:
-        print(f"[build-engines] warning: no EAGLE head in {head_dir}; eagle/eagle2 disabled (make train-eagle)", flush=True)
+        print(f"[build-engines] warning: no EAGLE head in {head_dir}; eagle/eagle2/hybrid disabled (make train-eagle)", flush=True)
     spec = {
         **common,
         "max_batch_size": 1,
         "draft_model_dir": str(draft_dir),
         "eagle_head_dir": str(head_dir) if has_head else None,
-        "default_algorithm": "eagle" if has_head else "ngram",
+        # for requests that name no algorithm: the fastest measured (docs/speculative.md)
+        "default_algorithm": "hybrid" if has_head else "ngram",
     }
     spec_cfg = eng_dir / "spec_engine.json"
     spec_cfg.write_text(json.dumps(spec, indent=2))

@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+from specgate.contract import SPEC_ALGORITHMS
 from specgate.client import GenerateParams, GrpcClient, HttpClient, ServerError
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     ap.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
     ap.add_argument("--mode", choices=["off", "shadow", "prod"], default=None, help="x-speculative-decoding")
     ap.add_argument("--api-key", default=None, help="x-api-key (tenant)")
-    ap.add_argument("--algorithm", choices=["eagle", "eagle2", "draft_model", "ngram"], default=None)
+    ap.add_argument("--algorithm", choices=SPEC_ALGORITHMS, default=None)
     ap.add_argument("--num-speculative-tokens", type=int, default=None)
     a = ap.parse_args()
 

@@ -11,6 +11,7 @@ CPU reference engines produce; the gate treats them as optional.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -106,6 +107,9 @@ def engine_inputs(
 # Per-request speculative knobs travel to spec_engine as request *parameters*, not tensors, so the
 # tensor contract stays the TensorRT-LLM one (which fixes the algorithm at engine build time).
 PARAM_ALGORITHM = "speculative_algorithm"
+# Its values: the speculative engine's drafters (specgate.speculative.registry builds one per name).
+SpecAlgorithm = Literal["eagle", "eagle2", "hybrid", "draft_model", "ngram"]
+SPEC_ALGORITHMS: tuple[str, ...] = get_args(SpecAlgorithm)
 PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
 # A request carrying this parameter is a control message, not a generation: spec_engine ends every
 # request submitted before it at the next step, with `handed_over` set, and answers at once.

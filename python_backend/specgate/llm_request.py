@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from specgate.contract import SPEC_ALGORITHMS
 from specgate.errors import InvalidInput
-
-ALGORITHMS = ("eagle", "eagle2", "draft_model", "ngram")
 
 
 class LLMRequest(BaseModel):
@@ -52,8 +51,8 @@ class LLMRequest(BaseModel):
     @field_validator("speculative_algorithm")
     @classmethod
     def _algorithm(cls, v: str | None) -> str | None:
-        if v is not None and v not in ALGORITHMS:
-            raise ValueError(f"speculative_algorithm must be one of {', '.join(ALGORITHMS)}; got {v!r}")
+        if v is not None and v not in SPEC_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of {', '.join(SPEC_ALGORITHMS)}; got {v!r}")
         return v
 
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from loadtest.metrics import delta, delta_by, scrape
-from specgate.client import GenerateParams
+from specgate.client import GenerateParams, collect
+from specgate.contract import SPEC_ALGORITHMS
 from tests.conftest import TEST_POLICY
 
 GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)
@@ -184,3 +185,21 @@ def test_policy_without_k_sends_the_engines_default_for_the_algorithm(http, serv
         # 8 nodes per step until the last steps' budget (max_tokens) trims the tree; the old
         # policy value, 4, would cap it at 4
         assert drafts > 0 and r.meta["num_draft_tokens"] / drafts > 6, (r.meta, drafts)
+
+
+def test_every_algorithm_serves_losslessly_through_triton(http, grpc):
+    """Each drafter spec_engine loads, chosen per request at its own default size: routed
+    speculative, drafts something, and returns the baseline's text (fp32 greedy) over unary HTTP
+    and streamed gRPC. One tenant per algorithm, so a weak drafter's breaker cannot hide the next."""
+    def edit(policy: dict) -> None:
+        policy["speculative"]["num_speculative_tokens"] = None
+        policy["tenants"].update({f"algo-{a}": {"mode": "prod", "algorithm": a} for a in SPEC_ALGORITHMS})
+
+    expected = http.generate(CAPS, GenerateParams(max_tokens=24)).text
+    with live_policy(edit):
+        for algorithm in SPEC_ALGORITHMS:
+            unary = http.generate(CAPS, GenerateParams(max_tokens=24), api_key=f"algo-{algorithm}")
+            streamed = collect(grpc.stream(CAPS, GenerateParams(max_tokens=24), api_key=f"algo-{algorithm}"))
+            for r in (unary, streamed):
+                assert r.meta["route"] == "speculative" and r.meta["num_draft_tokens"] > 0, (algorithm, r.meta)
+                assert r.text == expected, algorithm

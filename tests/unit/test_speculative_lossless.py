@@ -31,6 +31,7 @@ from specgate.speculative.drafter import Drafter, DraftTree
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig
+from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.verify import verify_sampling
 from specgate.text.tokenizer import PromptTokenizer
@@ -89,6 +90,7 @@ def generator(target: Llama, draft_llama: Llama, random_head: EagleHead) -> Spec
         DraftModelDrafter(draft_llama, target, MAX_LEN),
         EagleDrafter(random_head, target, MAX_LEN),
         Eagle2Drafter(random_head, target, MAX_LEN),
+        HybridDrafter(Eagle2Drafter(random_head, target, MAX_LEN), NgramDrafter()),
     ]
     return SpeculativeGenerator(target, {d.name: d for d in drafters}, MAX_LEN)
 
@@ -98,7 +100,7 @@ def _run(gen: SpeculativeGenerator, prompt: list[int], n: int, **kw) -> tuple[li
     return [t for block in stream for t in block], stream
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "draft_model", "eagle", "eagle2"])
+@pytest.mark.parametrize("algorithm", ["ngram", "draft_model", "eagle", "eagle2", "hybrid"])
 def test_greedy_is_token_identical(generator, prompts, reference, algorithm: str) -> None:  # noqa: ANN001
     drafted = 0
     for prompt, ref in zip(prompts, reference):

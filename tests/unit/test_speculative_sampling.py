@@ -20,6 +20,7 @@ from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig
+from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 from tests.unit.stat_helpers import passes_chi2
 
@@ -56,7 +57,10 @@ def _drafter(name: str, target: Llama) -> Drafter:
     with torch.random.fork_rng():
         torch.manual_seed(2)
         head = EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab_size=V), target, torch.arange(V)).eval()
-    return EagleDrafter(head, target, MAX_LEN) if name == "eagle" else Eagle2Drafter(head, target, MAX_LEN, depth=3, top_k=2)
+    if name == "eagle":
+        return EagleDrafter(head, target, MAX_LEN)
+    tree = Eagle2Drafter(head, target, MAX_LEN, depth=3, top_k=2)
+    return tree if name == "eagle2" else HybridDrafter(tree, NgramDrafter())
 
 
 def _exact(target: Llama) -> torch.Tensor:
@@ -70,7 +74,7 @@ def _exact(target: Llama) -> torch.Tensor:
     return probs
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_is_target", "eagle", "eagle2"])
+@pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_is_target", "eagle", "eagle2", "hybrid"])
 def test_generator_samples_follow_target(target: Llama, name: str) -> None:
     drafter = _drafter(name, target)
     gen = SpeculativeGenerator(target, {drafter.name: drafter}, MAX_LEN)

@@ -25,10 +25,10 @@ from typing import Annotated, Callable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specgate.contract import SpecAlgorithm
+
 log = logging.getLogger(__name__)
 
-Algorithm = Literal["eagle", "eagle2", "draft_model", "ngram"]
-ALGORITHMS: tuple[str, ...] = ("eagle", "eagle2", "draft_model", "ngram")
 Percent = Annotated[float, Field(ge=0.0, le=100.0)]
 UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -89,10 +89,11 @@ class ShadowPolicy(_Strict):
 
 
 class SpeculativePolicy(_Strict):
-    algorithm: Algorithm = "eagle"
+    algorithm: SpecAlgorithm = "eagle"
     # None: the engine's own default for whichever algorithm a request ends up with (CPU engine:
-    # eagle 5-chain, eagle2 8-node tree, ngram 5, draft_model 3), so a tenant or request that picks
-    # another algorithm gets that algorithm's length: k means chain length for some, tree nodes for eagle2.
+    # eagle 5-chain, eagle2 8-node tree, hybrid 13 nodes, ngram 5, draft_model 3), so a tenant or
+    # request that picks another algorithm gets that algorithm's length: k means chain length for
+    # some, tree nodes for eagle2 and hybrid.
     num_speculative_tokens: int | None = Field(None, ge=1)
     max_num_speculative_tokens: int = Field(8, ge=1, le=64)
     # No response from spec_engine for this long counts as a failure and the request continues on
@@ -114,7 +115,7 @@ class TenantPolicy(_Strict):
     mode: Mode | None = None
     temperature_threshold: float | None = Field(None, ge=0.0)
     canary_percent: Percent | None = None
-    algorithm: Algorithm | None = None
+    algorithm: SpecAlgorithm | None = None
     num_speculative_tokens: int | None = Field(None, ge=1)
 
     _mode_off = field_validator("mode", mode="before")(_yaml_off)

@@ -38,11 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
-from specgate.contract import HEADER_SPEC_MODE
+from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import (
-    ALGORITHMS,
     Mode,
     Policy,
     PolicyError,
@@ -331,10 +330,10 @@ def _speculation(
 ) -> tuple[str, int | None]:
     default = _override(tenant, "algorithm", policy.speculative.algorithm)
     algorithm = inputs.speculative_algorithm or default
-    if algorithm not in ALGORITHMS:
+    if algorithm not in SPEC_ALGORITHMS:
         raise PolicyError(
             f"speculative_algorithm: invalid value {algorithm[:32]!r}; "
-            f"allowed: {', '.join(ALGORITHMS)}"
+            f"allowed: {', '.join(SPEC_ALGORITHMS)}"
         )
     k = inputs.num_speculative_tokens
     if k is None:

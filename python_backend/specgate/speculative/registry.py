@@ -11,10 +11,11 @@ from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.eagle_head import load_eagle_head
+from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 
 ALGORITHMS: dict[str, type[Drafter]] = {
-    cls.name: cls for cls in (EagleDrafter, Eagle2Drafter, DraftModelDrafter, NgramDrafter)
+    cls.name: cls for cls in (EagleDrafter, Eagle2Drafter, HybridDrafter, DraftModelDrafter, NgramDrafter)
 }
 
 
@@ -45,5 +46,9 @@ def build_drafters(
         drafters.append(DraftModelDrafter(load_llama(draft_model_dir, dtype, max_len), target, max_len))
     if eagle_head_dir is not None:
         head = load_eagle_head(eagle_head_dir, target, dtype)
-        drafters += [EagleDrafter(head, target, max_len), Eagle2Drafter(head, target, max_len)]
+        drafters += [
+            EagleDrafter(head, target, max_len),
+            Eagle2Drafter(head, target, max_len),
+            HybridDrafter(Eagle2Drafter(head, target, max_len), NgramDrafter()),
+        ]
     return {d.name: d for d in drafters}
