@@ -57,10 +57,10 @@ def test_budget_split_and_node_limit() -> None:
     hybrid = HybridDrafter(tree, NgramDrafter())
     hybrid.begin([1], SamplingParams(), torch.Generator())
     tokens = [1, 2, 3, 9, 9, 9, 9, 9, 1, 2, 3]  # the tail 1 2 3 recurs: lookup drafts 9 9 9 ...
-    for k in (1, 2, 6, 13):
+    for k in (0, 1, 2, 6, 13):  # 0: the generator's budget when the cache or max_tokens is used up
         out = hybrid.propose(tokens, torch.zeros(0, 4), k)
         assert len(out) <= k
-        chain_k = min(NgramDrafter.default_k, k - 1)
+        chain_k = max(0, min(NgramDrafter.default_k, k - 1))
         assert tree.budgets[-1] == k - chain_k
         if chain_k:
             assert (9,) * chain_k in _paths(out)

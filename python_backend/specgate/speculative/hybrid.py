@@ -36,7 +36,7 @@ class HybridDrafter(Drafter):
         self.lookup.begin(prompt_ids, params, gen)
 
     def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
-        chain_k = min(self.chain_k, k - 1)
+        chain_k = max(0, min(self.chain_k, k - 1))  # k = 0 (no room left): neither part drafts
         # The tree drafter runs every step even with a small budget: it consumes the new features.
         tree = self.tree.propose(tokens, features, k - chain_k)
         chain = self.lookup.propose(tokens, features, chain_k).tokens.tolist() if chain_k > 0 else []
