@@ -151,7 +151,7 @@ def main() -> None:
         max_batch_size=1,
         draft_model_dir=DRAFT if (DRAFT / "model.safetensors").exists() else None,
         eagle_head_dir=HEAD if has_head else None,
-        default_algorithm="eagle" if has_head else "ngram",
+        default_algorithm="hybrid" if has_head else "ngram",
     )
     spec = SpeculativeRunner(model, spec_cfg)
     algorithms = args.algorithms.split(",") if args.algorithms else list(dict.fromkeys([spec_cfg.default_algorithm, "ngram"]))
