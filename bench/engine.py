@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from bench.common import ROOT, median, spread, write_results
 from bench.prompts import CATEGORIES, load_prompts
+from specgate.contract import EAGLE_HEAD_ALGORITHMS
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import KVCache, Llama, load_llama
 from specgate.engine.request import Event, GenerationRequest
@@ -163,7 +164,7 @@ def build_drafters(target: Llama, algorithms: list[str], head: Path) -> tuple[di
         drafters["ngram"] = NgramDrafter()
     if "draft_model" in algorithms:
         drafters["draft_model"] = DraftModelDrafter(load_llama(DRAFT, DTYPE, MAX_LEN), target, MAX_LEN)
-    if {"eagle", "eagle2", "hybrid"} & set(algorithms):
+    if set(EAGLE_HEAD_ALGORITHMS) & set(algorithms):
         if (head / "config.json").exists():
             # One head per drafter, as an engine serving only that algorithm would hold it.
             if "eagle" in algorithms:
@@ -174,7 +175,7 @@ def build_drafters(target: Llama, algorithms: list[str], head: Path) -> tuple[di
                 tree = Eagle2Drafter(load_eagle_head(head, target, DTYPE), target, MAX_LEN)
                 drafters["hybrid"] = HybridDrafter(tree, NgramDrafter())
         else:
-            notes.append(f"eagle / eagle2 / hybrid not measured: no EAGLE head at {head} (`make train-eagle` writes it)")
+            notes.append(f"{' / '.join(EAGLE_HEAD_ALGORITHMS)} not measured: no EAGLE head at {head} (`make train-eagle` writes it)")
     return drafters, notes
 
 

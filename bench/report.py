@@ -51,6 +51,7 @@ from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
+from specgate.contract import EAGLE_HEAD_ALGORITHMS  # noqa: E402
 from specgate.launcher import Ports, running, server_env  # noqa: E402
 
 OUT = RESULTS / "report"
@@ -113,7 +114,7 @@ def policies(engine: dict[str, Any]) -> tuple[dict, dict, str | None]:
     """
     gated = yaml.safe_load((ROOT / "policy" / "default.yaml").read_text())
     note = None
-    if engine.get("eagle_head_dir") is None and gated["speculative"]["algorithm"] in ("eagle", "eagle2", "hybrid"):
+    if engine.get("eagle_head_dir") is None and gated["speculative"]["algorithm"] in EAGLE_HEAD_ALGORITHMS:
         note = (f"policy/default.yaml names `{gated['speculative']['algorithm']}`, but no EAGLE head is built here; "
                 f"the report's policy uses the engine's default `{engine['default_algorithm']}` (otherwise every speculative "
                 f"request fails over to baseline with reason spec_engine_failure)")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from build.make_draft_model import DEFAULT_LAYERS
+from specgate.contract import EAGLE_HEAD_ALGORITHMS
 from specgate.engine.model import KVCache, Llama, load_llama
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.draft_model import DraftModelDrafter
@@ -119,9 +120,9 @@ def main() -> None:
         for n in map(int, args.draft_layers.split(",")):
             drafter = DraftModelDrafter(first_layers(args.checkpoint, n, dtype), target, MAX_LEN)
             configs.append((f"draft_model ({n} layers)", drafter, ks or [DraftModelDrafter.default_k]))
-    if {"eagle", "eagle2", "hybrid"} & set(algos):
+    if set(EAGLE_HEAD_ALGORITHMS) & set(algos):
         if not (args.eagle_head / "config.json").exists():
-            print(f"(no EAGLE head at {args.eagle_head}: eagle/eagle2/hybrid skipped; `make train-eagle` writes it)")
+            print(f"(no EAGLE head at {args.eagle_head}: {'/'.join(EAGLE_HEAD_ALGORITHMS)} skipped; `make train-eagle` writes it)")
         else:
             from specgate.speculative.eagle_head import load_eagle_head
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from build import fetch_model, make_draft_model
 from build.render_repository import engine_tensor_values, render
 from build.trtllm import build as trtllm
+from specgate.contract import EAGLE_HEAD_ALGORITHMS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +40,7 @@ def build_cpu(args: argparse.Namespace) -> None:
     head_dir = ROOT / "heads" / "smollm2-135m-eagle"
     has_head = (head_dir / "eagle_head.safetensors").exists()
     if not has_head:
-        print(f"[build-engines] warning: no EAGLE head in {head_dir}; eagle/eagle2/hybrid disabled (make train-eagle)", flush=True)
+        print(f"[build-engines] warning: no EAGLE head in {head_dir}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)", flush=True)
     spec = {
         **common,
         "max_batch_size": 1,

@@ -110,6 +110,8 @@ PARAM_ALGORITHM = "speculative_algorithm"
 # Its values: the speculative engine's drafters (specgate.speculative.registry builds one per name).
 SpecAlgorithm = Literal["eagle", "eagle2", "hybrid", "draft_model", "ngram"]
 SPEC_ALGORITHMS: tuple[str, ...] = get_args(SpecAlgorithm)
+# The ones that draft with the trained EAGLE head (unavailable where no head was built).
+EAGLE_HEAD_ALGORITHMS: tuple[str, ...] = ("eagle", "eagle2", "hybrid")
 PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
 # A request carrying this parameter is a control message, not a generation: spec_engine ends every
 # request submitted before it at the next step, with `handed_over` set, and answers at once.

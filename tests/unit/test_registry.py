@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgate.contract import SPEC_ALGORITHMS
+from specgate.contract import EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS
 from specgate.engine.model import load_llama
 from specgate.speculative.registry import ALGORITHMS, build_drafters, check_request
 from tests.conftest import DRAFT, HEAD
@@ -19,6 +19,8 @@ def test_every_algorithm_loads_from_shipped_artifacts(checkpoint):
     assert set(drafters) == set(ALGORITHMS) == set(SPEC_ALGORITHMS)  # the gate accepts what the engine has
     for name in ALGORITHMS:
         assert check_request(name, None, drafters) == ALGORITHMS[name].default_k
+    without_head = build_drafters(target, 256, DRAFT, None)
+    assert set(SPEC_ALGORITHMS) - set(without_head) == set(EAGLE_HEAD_ALGORITHMS)  # what the benches skip
 
 
 def test_unknown_or_unloaded_algorithm_is_refused(checkpoint):
