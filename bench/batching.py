@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: as the server runs each engine, specgate.launcher; 0 = torch default)")
     ap.add_argument("--algorithms", default=None, help="comma-separated speculative algorithms (default: the engine's default algorithm, and ngram)")
     args = ap.parse_args()
     if args.threads:

@@ -312,9 +312,9 @@ def why_defaults(meta: dict[str, Any]) -> list[str]:
         f"speculation (the crossover c), the second request should go to the baseline, so the limit is c - 1. {measured}.",
         f"- `temperature_threshold: {g['temperature_threshold']}`: above it drafts are rejected more often than they pay "
         "(bench-engine's T=0.7 column shows the loss); the mixed-temperature row shows those requests on the baseline.",
-        f"- server processes run with {omp} (`specgate.launcher.server_env`): both engines' stubs share the cores, and with "
-        "OpenMP's default spin-waiting one busy engine starves the other (a decode step took 30x longer next to another "
-        "busy torch process); passive waiting is what lets the gate mix routes under load without losing to plain baseline.",
+        f"- server processes run with {omp} (`specgate.launcher.server_env`): both engines' stubs share the cores; one "
+        "thread each keeps a busy engine from starving the other, and on the engines' worker threads a second OpenMP thread "
+        "bought nothing (docs/batching.md, \"Threads\").",
     ]
 
 
