@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 ENGINE ?= cpu
-DTYPE ?= bfloat16
+DTYPE ?= auto
 SPEC ?= build/specs/smollm2-eagle.yaml
 SMOKE_SPEC ?= build/specs/smollm2-ngram.yaml
 STAMP := $(VENV)/.installed
@@ -17,17 +17,18 @@ DURATION ?= 60s
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml build/install_llamacpp.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[dev]'
+	$(VPY) build/install_llamacpp.py
 	@touch $(STAMP)
 
-build-engines: setup  ## ENGINE=cpu (default) | trtllm
-ifeq ($(ENGINE),cpu)
-	$(VPY) -m build.build_engines --engine cpu --dtype $(DTYPE)
+build-engines: setup  ## ENGINE=cpu (default, llama.cpp) | torch (the PyTorch fp32 reference; DTYPE=auto|float32|bfloat16) | trtllm
+ifeq ($(ENGINE),trtllm)
+	$(VPY) -m build.build_engines --engine trtllm --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
 else
-	$(VPY) -m build.build_engines --engine $(ENGINE) --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
+	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE)
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics)

@@ -1,7 +1,10 @@
 """`make build-engines`: prepare engines and render the model repository.
 
-ENGINE=cpu (default): fetch + convert the model, derive the draft model, write the CPU engine configs,
-render the repository for the Python-backend engines. Idempotent; prints what it does.
+ENGINE=cpu (default): llama.cpp over the shipped GGUF (and a draft GGUF derived from it).
+ENGINE=torch: the PyTorch engine over a safetensors checkpoint converted from the same GGUF, the exact
+fp32 reference (DTYPE=auto by default: bf16 only where the CPU has native bf16).
+Both: fetch the model, derive the draft model, write the engine configs and render the repository for
+the Python-backend engines. Idempotent; prints what it does. ENGINE=trtllm: build/trtllm.
 """
 
 from __future__ import annotations
@@ -13,45 +16,55 @@ from pathlib import Path
 from build import fetch_model, make_draft_model
 from build.render_repository import engine_tensor_values, render
 from build.trtllm import build as trtllm
-from specgate.contract import EAGLE_HEAD_ALGORITHMS
+from specgate.algorithms import EAGLE_HEAD_ALGORITHMS
+from specgate.engine.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+HEAD_DIR = ROOT / "heads" / "smollm2-135m-eagle"
 
 
 def build_cpu(args: argparse.Namespace) -> None:
     art = args.artifacts.resolve()
     gguf = fetch_model.fetch_gguf(art / "downloads")
     ckpt = art / "checkpoints" / "smollm2-135m-instruct"
-    fetch_model.convert(gguf, ckpt)
+    fetch_model.convert(gguf, ckpt)  # the tokenizer for both engines, and the torch engine's weights
+    draft_layers = make_draft_model.DEFAULT_LAYERS
+    if args.engine == "torch":
+        model, draft = ckpt, art / "checkpoints" / "smollm2-135m-draft"
+        make_draft_model.make_draft(ckpt, draft, draft_layers)
+    else:
+        model, draft = gguf, art / "downloads" / f"{gguf.stem}.draft-{draft_layers}L.gguf"
+        make_draft_model.make_draft_gguf(gguf, draft, draft_layers)
     out_root = (args.out_dir or art).resolve()
     eng_dir = out_root / "engines" / "cpu"
     eng_dir.mkdir(parents=True, exist_ok=True)
     common = {
-        "checkpoint_dir": str(ckpt),
+        "backend": "llamacpp" if args.engine == "cpu" else "torch",
+        "model": str(model),
         "dtype": args.dtype,
         "max_context": args.max_context,
         "max_output_len": args.max_output_len,
         "num_threads": args.threads,
     }
     target_cfg = eng_dir / "target_engine.json"
-    target_cfg.write_text(json.dumps({**common, "max_batch_size": args.max_batch_size}, indent=2))
-    draft_dir = art / "checkpoints" / "smollm2-135m-draft"
-    make_draft_model.make_draft(ckpt, draft_dir, make_draft_model.DEFAULT_LAYERS)
-    head_dir = ROOT / "heads" / "smollm2-135m-eagle"
-    has_head = (head_dir / "eagle_head.safetensors").exists()
+    target_cfg.write_text(EngineConfig.model_validate({**common, "max_batch_size": args.max_batch_size}).model_dump_json(indent=2))
+    has_head = (HEAD_DIR / "eagle_head.safetensors").exists()
     if not has_head:
-        print(f"[build-engines] warning: no EAGLE head in {head_dir}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)", flush=True)
-    spec = {
+        print(f"[build-engines] warning: no EAGLE head in {HEAD_DIR}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)", flush=True)
+    calibration = eng_dir / "calibration.json"
+    spec = EngineConfig.model_validate({
         **common,
         "max_batch_size": 1,
-        "draft_model_dir": str(draft_dir),
-        "eagle_head_dir": str(head_dir) if has_head else None,
+        "draft_model": str(draft),
+        "eagle_head_dir": str(HEAD_DIR) if has_head else None,
         # for requests that name no algorithm: the fastest measured (docs/speculative.md)
         "default_algorithm": "hybrid" if has_head else "ngram",
-    }
+        "calibration_path": str(calibration),
+        "cost_curve": json.loads(args.cost_curve) if args.cost_curve else None,
+    })
     spec_cfg = eng_dir / "spec_engine.json"
-    spec_cfg.write_text(json.dumps(spec, indent=2))
-    print(f"[build-engines] engine configs in {eng_dir} (dtype={args.dtype}, context={args.max_context})", flush=True)
+    spec_cfg.write_text(spec.model_dump_json(indent=2))
+    print(f"[build-engines] engine configs in {eng_dir} ({common['backend']}, {model.name}, context {args.max_context})", flush=True)
     tok_cfg = json.loads((ckpt / "config.json").read_text())
     values = {
         "tokenizer_dir": str(ckpt),
@@ -59,6 +72,7 @@ def build_cpu(args: argparse.Namespace) -> None:
         "max_output_len": str(args.max_output_len),
         "end_id": str(tok_cfg["eos_token_id"]),
         "policy_path": str((args.policy or ROOT / "policy" / "default.yaml").resolve()),
+        "calibration_path": str(calibration),
         "text_instances": "2",
         "engine_max_batch_size": str(args.max_batch_size),
         "engine_extra_parameters": "",
@@ -73,14 +87,15 @@ def build_cpu(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", choices=["cpu", "trtllm"], default="cpu")
+    ap.add_argument("--engine", choices=["cpu", "torch", "trtllm"], default="cpu", help="cpu: llama.cpp (default); torch: the PyTorch reference")
     ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--out-dir", type=Path, default=None, help="where engine configs + model_repository go (default: --artifacts)")
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="torch weights and the EAGLE head")
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--max-batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads per engine (0 = torch default)")
+    ap.add_argument("--threads", type=int, default=0, help="compute threads per engine (0: one per core for llama.cpp, the launcher's setting for torch)")
+    ap.add_argument("--cost-curve", default=None, help='JSON {tokens: cost ratio} for spec_engine instead of measuring (tests)')
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)
     args = ap.parse_args()

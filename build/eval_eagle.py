@@ -72,7 +72,7 @@ def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int
     tok = eagle_data.load_tokenizer(checkpoint)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     target = load_llama(checkpoint, torch.bfloat16, 1024).requires_grad_(False)
-    head = load_eagle_head(head_dir, target, torch.bfloat16)
+    head = load_eagle_head(head_dir, target.embed.weight, target.lm_head.weight, torch.bfloat16)
     prompts = []
     for i in eagle_data.split_indices(convs, heldout=True):
         ids = eagle_data.prompt_ids(tok, convs[i], 384)

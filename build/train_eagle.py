@@ -202,10 +202,10 @@ def main() -> None:
     state = torch.load(a.state, weights_only=False) if a.state.exists() else None
     if state is None:
         d2t = eagle_data.draft_vocab(convs, eagle_data.split_indices(convs, heldout=False), tok, a.draft_vocab)
-        head = EagleHead(EagleHeadConfig.from_target(target.cfg, a.draft_vocab), target, d2t).float()
+        head = EagleHead(EagleHeadConfig.from_target(target.cfg, a.draft_vocab), target.embed.weight, target.lm_head.weight, d2t).float()
         state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "tokens": 0, "log": [], "args": vars(a)}
     else:
-        head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target, state["head"]["d2t"]).float()
+        head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target.embed.weight, target.lm_head.weight, state["head"]["d2t"]).float()
         head.load_state_dict(state["head"], strict=False)
         print(f"[train-eagle] resuming at step {state['step']}, {state['elapsed'] / 60:.1f} min done", flush=True)
         state["args"] = vars(a)  # a resumed run may extend the budget or add a phase

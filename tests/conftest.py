@@ -14,7 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
-DRAFT = CHECKPOINT.parent / "smollm2-135m-draft"  # written by `make build-engines`
+DRAFT = CHECKPOINT.parent / "smollm2-135m-draft"  # written by `make build-engines ENGINE=torch` (and the tests)
+GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the shipped model, llama.cpp's input
+DRAFT_GGUF = GGUF.with_name("SmolLM2-135M-Instruct.Q4_1.draft-4L.gguf")  # written by `make build-engines`
 HEAD = ROOT / "heads" / "smollm2-135m-eagle"  # the shipped EAGLE head
 TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
@@ -29,6 +31,13 @@ def require_checkpoint() -> Path:
 @pytest.fixture(scope="session")
 def checkpoint() -> Path:
     return require_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def gguf() -> Path:
+    if not GGUF.exists():
+        pytest.fail(f"no GGUF at {GGUF}: run `make build-engines` (make test does it first)")
+    return GGUF
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,7 @@ def render_values(spec: BuildSpec, layout: Layout, policy_path: Path) -> tuple[d
         "max_output_len": str(spec.max_output_len),
         "end_id": str(spec.end_id),
         "policy_path": str(policy_path),
+        "calibration_path": "",  # the tensorrtllm engines publish no cost curve: the gate uses the policy's thresholds
         "text_instances": "2",
         "engine_max_batch_size": str(spec.max_batch_size),
         "max_queue_delay_microseconds": str(spec.serving.max_queue_delay_microseconds),

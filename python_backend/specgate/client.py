@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import requests
 
-META = ("route", "gate_reason", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_output_tokens")
+META = ("route", "gate_reason", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_output_tokens", "draft_budget")
 
 
 class ServerError(RuntimeError):

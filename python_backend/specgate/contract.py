@@ -11,9 +11,10 @@ CPU reference engines produce; the gate treats them as optional.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import numpy as np
+
+from specgate.algorithms import EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS, SpecAlgorithm  # noqa: F401 (the request's algorithm values)
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,15 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
 )
 
 # CPU-engine extras (not produced by tensorrtllm): per-request draft count and accepted tokens per
-# draft position, which feed spec_decode_num_drafts_total and ..._per_pos_total; and `handed_over`,
+# draft position, which feed spec_decode_num_drafts_total and ..._per_pos_total; `draft_budget`, the
+# budget the engine's goodput controller chose at the latest step (0: drafting does not pay here, so
+# it decodes plainly; -1: no step yet or not speculative); and `handed_over`,
 # set on the final response of a speculative request that stopped early because the gate asked
 # spec_engine to hand its requests over to the batched baseline (PARAM_HAND_OVER).
 ENGINE_EXTENSIONS: tuple[Tensor, ...] = (
     Tensor("num_drafts", "TYPE_INT32", (1,)),
     Tensor("accepted_per_position", "TYPE_INT32", (-1,)),
+    Tensor("draft_budget", "TYPE_INT32", (1,)),
     Tensor("handed_over", "TYPE_BOOL", (1,)),
 )
 
@@ -107,15 +111,16 @@ def engine_inputs(
 # Per-request speculative knobs travel to spec_engine as request *parameters*, not tensors, so the
 # tensor contract stays the TensorRT-LLM one (which fixes the algorithm at engine build time).
 PARAM_ALGORITHM = "speculative_algorithm"
-# Its values: the speculative engine's drafters (specgate.speculative.registry builds one per name).
-SpecAlgorithm = Literal["eagle", "eagle2", "hybrid", "draft_model", "ngram"]
-SPEC_ALGORITHMS: tuple[str, ...] = get_args(SpecAlgorithm)
-# The ones that draft with the trained EAGLE head (unavailable where no head was built).
-EAGLE_HEAD_ALGORITHMS: tuple[str, ...] = ("eagle", "eagle2", "hybrid")
+# Its values, their k limits and defaults: specgate.algorithms.
 PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
 # A request carrying this parameter is a control message, not a generation: spec_engine ends every
 # request submitted before it at the next step, with `handed_over` set, and answers at once.
 PARAM_HAND_OVER = "specgate_hand_over"
+# Control message for spec_engine: measure the machine again (value "" or true), or use the given
+# cost ratios (a JSON object {tokens: cost(T)/cost(1)}); answered once the new calibration is in force.
+PARAM_CALIBRATE = "specgate_calibrate"
+# spec_engine's gauge of its measured verification cost curve, label `tokens`.
+VERIFY_COST_METRIC = "spec_decode_verification_cost_seconds"
 
 LLM_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "TYPE_STRING", (1,)),
@@ -140,6 +145,7 @@ LLM_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("num_accepted_tokens", "TYPE_INT32", (1,)),
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
     Tensor("num_output_tokens", "TYPE_INT32", (1,)),  # so clients can compute tokens/s and TPOT
+    Tensor("draft_budget", "TYPE_INT32", (1,)),  # spec_engine's per-step budget now (0: decodes plainly); -1 on baseline
 )
 
 # Request parameters that Triton fills from headers (gRPC) or body fields (HTTP generate).

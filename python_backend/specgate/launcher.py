@@ -72,15 +72,12 @@ def server_env() -> dict[str, str]:
     # the copied stub loses its relative rpath to the wheel's bundled libraries (libcudart etc.)
     libs = [sysconfig.get_config_var("LIBDIR") or "", str(_pytriton_dir().parent.parent / "nvidia_pytriton.libs")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (*libs, env.get("LD_LIBRARY_PATH", "")) if p)
-    # One torch thread per stub: the engines decode on worker threads, where a second OpenMP thread
-    # bought nothing (a bf16 decode step took 23-30 ms on two threads, 24-26 ms on one), and two
-    # engines with one thread each cannot starve each other. Through the server (with the engine's
-    # decode attention, model.attend), baseline TPOT at 1-8 concurrent requests was 8-15% lower than
-    # with two passive-waiting threads (docs/batching.md, "Threads"). If you raise it, keep passive
-    # waiting: with OpenMP's default spin-waiting a busy engine's idle threads burn the cores the
-    # other one needs (a decode step took 560 ms instead of 31 beside another busy torch process).
+    # One torch thread per stub: the PyTorch engine decodes on a worker thread, where a second
+    # OpenMP thread bought nothing (docs/batching.md, "Threads"), and a single thread never spins
+    # against another engine. llama.cpp sets its own thread count per decode and ignores this.
+    # No OMP_WAIT_POLICY=PASSIVE: llama.cpp synchronises its threads with OpenMP barriers many times
+    # per decode, and passive (sleeping) waits made a decode step 2.7x slower (10.4 -> 28 ms).
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 

@@ -11,6 +11,7 @@ class SpecStats:
     draft_tokens: int = 0  # draft nodes sent to the target (a tree counts all its nodes)
     accepted_tokens: int = 0  # draft tokens accepted (bonus tokens not counted)
     accepted_per_position: list[int] = field(default_factory=list)  # [d] = accepted at depth d+1
+    draft_budget: int = -1  # the budget the engine's controller chose at the last step (-1: none yet)
 
     def record(self, num_draft: int, num_accepted: int) -> None:
         if num_draft == 0:

@@ -13,12 +13,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specgate.engine.config import EngineConfig
 from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.runner import BatchRunner, QueueFull
 from specgate.engine.sampling import SamplingParams
 from tests.prompts import GREEDY_PROMPTS
-from tests.unit.test_engine_reference import chat_ids, model, run_all, tok  # noqa: F401 (fixtures)
+from tests.unit.test_engine_reference import chat_ids, model, run_all, tok, torch_runner  # noqa: F401 (fixtures)
 
 NEW_TOKENS = 12
 MAX_CONTEXT = 192
@@ -51,7 +50,7 @@ def sampled(prompt: list[int], seed: int) -> GenerationRequest:
 
 
 def make_runner(checkpoint, model, max_batch_size: int, **cfg) -> BatchRunner:
-    return BatchRunner(model, EngineConfig(checkpoint_dir=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=max_batch_size, **cfg))
+    return torch_runner(checkpoint, model, MAX_CONTEXT, max_batch_size, **cfg)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ CHECKPOINT = Path(__file__).resolve().parents[2] / "artifacts/checkpoints/smollm
 def _head(target: Llama, draft_vocab: int = 50) -> EagleHead:
     torch.manual_seed(1)
     d2t = torch.randperm(target.cfg.vocab_size)[:draft_vocab]
-    return EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab), target, d2t).eval()
+    return EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab), target.embed.weight, target.lm_head.weight, d2t).eval()
 
 
 def test_shapes_and_draft_vocab() -> None:
@@ -83,7 +83,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     save_eagle_head(head, tmp_path)
     stored = (tmp_path / "eagle_head.safetensors").stat().st_size
     assert stored < 4 * sum(p.numel() for n, p in head.named_parameters() if not n.startswith("lm_head")) + 4096
-    loaded = load_eagle_head(tmp_path, target, torch.float32)
+    loaded = load_eagle_head(tmp_path, target.embed.weight, target.lm_head.weight, torch.float32)
     feats, ids = torch.randn(1, 6, 64), torch.randint(0, 300, (1, 6))
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward_train(feats, ids), head.forward_train(feats, ids))
@@ -94,11 +94,11 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
 def test_real_target_head(tmp_path: Path) -> None:
     target = load_llama(CHECKPOINT, torch.float32, max_len=64)
     d2t = torch.arange(8192)
-    head = EagleHead(EagleHeadConfig.from_target(target.cfg, 8192), target, d2t).eval()
+    head = EagleHead(EagleHeadConfig.from_target(target.cfg, 8192), target.embed.weight, target.lm_head.weight, d2t).eval()
     save_eagle_head(head.to(torch.bfloat16), tmp_path)
     assert (tmp_path / "eagle_head.safetensors").stat().st_size < 12_000_000  # fc + one layer + d2t only
-    loaded = load_eagle_head(tmp_path, target, torch.bfloat16)
-    assert loaded.embed is target.embed and loaded.cfg.draft_vocab_size == 8192
+    loaded = load_eagle_head(tmp_path, target.embed.weight, target.lm_head.weight, torch.bfloat16)
+    assert loaded.embed is target.embed.weight and loaded.cfg.draft_vocab_size == 8192
     assert loaded.lm_head.weight.shape == (8192, target.cfg.hidden_size)
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253]])
     feats = target(ids, KVCache(target.cfg, 1, 64, torch.float32), torch.tensor([0]), torch.tensor([0]))

@@ -48,7 +48,7 @@ def test_levels_are_aimed_at_the_right_feature_and_token(tmp_path: Path) -> None
     eagle_features.extract(target, iter(samples), 10_000, tmp_path)
     fs = eagle_features.load(tmp_path)
     d2t = torch.arange(300)
-    head = EagleHead(EagleHeadConfig.from_target(TINY, 300), target, d2t).float()
+    head = EagleHead(EagleHeadConfig.from_target(TINY, 300), target.embed.weight, target.lm_head.weight, d2t).float()
     levels = 3
     batch = make_batch(fs, [0, 1, 2], d2t, levels)
     L = batch["base"].shape[1]

@@ -12,6 +12,7 @@ from specgate.engine.model import KVCache, load_llama
 from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.runner import BatchRunner
 from specgate.engine.sampling import SamplingParams
+from specgate.engine.torch_target import TorchTarget
 from tests.prompts import GREEDY_PROMPTS
 
 NEW_TOKENS = 64
@@ -41,6 +42,12 @@ def model(checkpoint):
 def chat_ids(tok, text: str) -> list[int]:
     out = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def torch_runner(checkpoint, model, max_context: int = 1024, max_batch_size: int = 8, **cfg) -> BatchRunner:  # noqa: ANN001
+    """A BatchRunner on the fp32 PyTorch reference `model`."""
+    config = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=max_context, max_batch_size=max_batch_size, **cfg)
+    return BatchRunner(TorchTarget(model, max_context, max_batch_size), config)
 
 
 def run_all(runner: BatchRunner, reqs: list[GenerationRequest]) -> list[list[int]]:
@@ -85,8 +92,7 @@ def test_logits_match_transformers_fp32(tok, reference, model):
 def test_greedy_matches_transformers_generate(tok, reference, model, checkpoint):
     prompts = [chat_ids(tok, t) for t in GREEDY_PROMPTS]
     # 20 requests share 8 slots: on a busy machine the last ones wait longer than the default 60 s
-    cfg = EngineConfig(checkpoint_dir=checkpoint, dtype="float32", max_context=1024, max_batch_size=8, queue_timeout_s=3600)
-    runner = BatchRunner(model, cfg)
+    runner = torch_runner(checkpoint, model, queue_timeout_s=3600)
     try:
         ours = run_all(runner, [GenerationRequest(input_ids=p, max_new_tokens=NEW_TOKENS, end_id=tok.eos_token_id) for p in prompts])
     finally:
@@ -101,8 +107,7 @@ def test_greedy_matches_transformers_generate(tok, reference, model, checkpoint)
 
 
 def test_seeded_sampling_reproducible_and_seed_sensitive(tok, model, checkpoint):
-    cfg = EngineConfig(checkpoint_dir=checkpoint, dtype="float32", max_context=1024, max_batch_size=4)
-    runner = BatchRunner(model, cfg)
+    runner = torch_runner(checkpoint, model, max_batch_size=4)
     ids = chat_ids(tok, "Write a sentence about a dragon.")
     try:
         def req(seed: int) -> GenerationRequest:

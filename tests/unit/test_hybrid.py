@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specgate.algorithms import ALGORITHMS
 from specgate.engine.sampling import SamplingParams
 from specgate.speculative.drafter import DraftTree
 from specgate.speculative.eagle2 import Eagle2Drafter
@@ -60,7 +61,7 @@ def test_budget_split_and_node_limit() -> None:
     for k in (0, 1, 2, 6, 13):  # 0: the generator's budget when the cache or max_tokens is used up
         out = hybrid.propose(tokens, torch.zeros(0, 4), k)
         assert len(out) <= k
-        chain_k = max(0, min(NgramDrafter.default_k, k - 1))
+        chain_k = max(0, min(ALGORITHMS["ngram"].default_k, k - 1))
         assert tree.budgets[-1] == k - chain_k
         if chain_k:
             assert (9,) * chain_k in _paths(out)

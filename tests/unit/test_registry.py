@@ -3,32 +3,35 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from specgate.contract import EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS
-from specgate.engine.model import load_llama
-from specgate.speculative.registry import ALGORITHMS, build_drafters, check_request
-from tests.conftest import DRAFT, HEAD
+from specgate.algorithms import ALGORITHMS, EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS, check_k
+from specgate.engine.config import EngineConfig
+from specgate.engine.loading import load_target
+from specgate.speculative import SpeculativeGenerator
+from specgate.speculative.registry import build_drafters
+from tests.conftest import DRAFT_GGUF, HEAD
 
 
-def test_every_algorithm_loads_from_shipped_artifacts(checkpoint):
+def test_every_algorithm_loads_from_shipped_artifacts(gguf):
     assert (HEAD / "eagle_head.safetensors").exists(), "the shipped EAGLE head is missing"
-    assert DRAFT.exists(), "no draft model: run `make build-engines`"
-    target = load_llama(checkpoint, torch.bfloat16, 256)
-    drafters = build_drafters(target, 256, DRAFT, HEAD)
+    assert DRAFT_GGUF.exists(), "no draft GGUF: run `make build-engines`"
+    cfg = EngineConfig(model=gguf, draft_model=DRAFT_GGUF, eagle_head_dir=HEAD, max_context=256)
+    target = load_target(cfg, gguf, num_slots=1, tree_nodes=16)
+    drafters = build_drafters(target, cfg)
     assert set(drafters) == set(ALGORITHMS) == set(SPEC_ALGORITHMS)  # the gate accepts what the engine has
-    for name in ALGORITHMS:
-        assert check_request(name, None, drafters) == ALGORITHMS[name].default_k
-    without_head = build_drafters(target, 256, DRAFT, None)
+    without_head = build_drafters(target, cfg.model_copy(update={"eagle_head_dir": None}))
     assert set(SPEC_ALGORITHMS) - set(without_head) == set(EAGLE_HEAD_ALGORITHMS)  # what the benches skip
 
 
-def test_unknown_or_unloaded_algorithm_is_refused(checkpoint):
-    target = load_llama(checkpoint, torch.bfloat16, 64)
-    only_ngram = build_drafters(target, 64)
+def test_unknown_unloaded_or_out_of_range_is_refused(gguf):
+    cfg = EngineConfig(model=gguf, max_context=64)
+    target = load_target(cfg, gguf, num_slots=1)
+    gen = SpeculativeGenerator(target, build_drafters(target, cfg))  # n-gram only
     with pytest.raises(ValueError, match="unknown"):
-        check_request("medusa", None, only_ngram)
+        gen.generate([1, 2], 4, algorithm="medusa")
     with pytest.raises(ValueError, match="not loaded"):
-        check_request("eagle", None, only_ngram)
+        gen.generate([1, 2], 4, algorithm="eagle")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        check_request("ngram", 99, only_ngram)
+        gen.generate([1, 2], 4, algorithm="ngram", k=99)
+    for name, spec in ALGORITHMS.items():
+        assert check_k(name, None) == spec.default_k and check_k(name, spec.max_k) == spec.max_k

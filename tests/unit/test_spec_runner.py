@@ -14,6 +14,8 @@ from build.bench_drafters import greedy_decode
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama, load_llama
 from specgate.engine.request import Event, GenerationRequest
+from specgate.engine.torch_target import TorchTarget
+from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -40,8 +42,8 @@ def reference(model: Llama, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture
 def runner(checkpoint: Path, model: Llama):
-    cfg = EngineConfig(checkpoint_dir=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1, default_algorithm="ngram")
-    r = SpeculativeRunner(model, cfg)
+    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1, default_algorithm="ngram")
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, calibrated=False)
     yield r
     r.shutdown()
 

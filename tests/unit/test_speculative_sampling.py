@@ -14,6 +14,7 @@ import torch
 
 from specgate.engine.model import KVCache, Llama, LlamaConfig
 from specgate.engine.sampling import SamplingParams, warp
+from specgate.engine.torch_target import TorchTarget
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter
@@ -51,15 +52,16 @@ def _drafter(name: str, target: Llama) -> Drafter:
     if name == "ngram":
         return NgramDrafter()
     if name == "draft_model":
-        return DraftModelDrafter(_tiny_llama(1), target, MAX_LEN)
+        return DraftModelDrafter(TorchTarget(_tiny_llama(1), MAX_LEN, 1), V)
     if name == "draft_model_is_target":  # q == p: every draft is accepted, bonus from the last row
-        return DraftModelDrafter(target, target, MAX_LEN)
+        return DraftModelDrafter(TorchTarget(target, MAX_LEN, 1), V)
     with torch.random.fork_rng():
         torch.manual_seed(2)
-        head = EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab_size=V), target, torch.arange(V)).eval()
+        cfg = EagleHeadConfig.from_target(target.cfg, draft_vocab_size=V)
+        head = EagleHead(cfg, target.embed.weight, target.lm_head.weight, torch.arange(V)).eval()
     if name == "eagle":
-        return EagleDrafter(head, target, MAX_LEN)
-    tree = Eagle2Drafter(head, target, MAX_LEN, depth=3, top_k=2)
+        return EagleDrafter(head, V, MAX_LEN)
+    tree = Eagle2Drafter(head, V, MAX_LEN, depth=3, top_k=2)
     return tree if name == "eagle2" else HybridDrafter(tree, NgramDrafter())
 
 
@@ -77,7 +79,7 @@ def _exact(target: Llama) -> torch.Tensor:
 @pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_is_target", "eagle", "eagle2", "hybrid"])
 def test_generator_samples_follow_target(target: Llama, name: str) -> None:
     drafter = _drafter(name, target)
-    gen = SpeculativeGenerator(target, {drafter.name: drafter}, MAX_LEN)
+    gen = SpeculativeGenerator(TorchTarget(target, MAX_LEN, 1), {drafter.name: drafter})
     counts = torch.zeros([V] * NEW)
     drafted = 0
     for seed in range(TRIALS):

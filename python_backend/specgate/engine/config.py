@@ -7,28 +7,49 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-DType = Literal["bfloat16", "float32"]
+from specgate.engine.machine import machine
+
+Backend = Literal["llamacpp", "torch"]
+DType = Literal["auto", "bfloat16", "float32"]
 
 
 class EngineConfig(BaseModel):
-    checkpoint_dir: Path
-    dtype: DType = "bfloat16"
+    backend: Backend = "llamacpp"
+    model: Path = Field(description="llamacpp: the GGUF file; torch: an HF-style checkpoint directory")
+    dtype: DType = Field("auto", description="torch weights and the EAGLE head; auto = bf16 only where the CPU has native bf16")
     max_context: int = Field(2048, ge=16, description="prompt + generated tokens per sequence")
     max_output_len: int = Field(1024, ge=1, description="upper bound for max_tokens")
     max_batch_size: int = Field(8, ge=1, description="sequences decoded together (in-flight batching)")
     max_queue_size: int = Field(64, ge=1, description="waiting requests beyond the batch")
     queue_timeout_s: float = Field(60.0, gt=0, description="how long a request may wait for a slot")
-    num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch default")
+    num_threads: int = Field(0, ge=0, description="compute threads; 0 = one per core (llamacpp) / torch's setting (torch)")
     # spec_engine only: which drafters to load (n-gram needs no weights) and the default one
-    draft_model_dir: Path | None = None
+    draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")
     eagle_head_dir: Path | None = None
     default_algorithm: str = "ngram"
+    # Cost ratios cost(T)/cost(1) to use instead of measuring at load (tests, or an operator's override).
+    cost_curve: dict[int, float] | None = None
+    # Where spec_engine writes its calibration (cost curve, break-even rates) for the gate to read.
+    calibration_path: Path | None = None
+
+    @model_validator(mode="after")
+    def _model_kind(self) -> "EngineConfig":
+        if self.backend == "llamacpp" and self.model.suffix != ".gguf":
+            raise ValueError(f"the llamacpp backend serves a .gguf file, got {self.model}")
+        return self
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The resolved dtype: bf16 is emulated (and slower than fp32) on CPUs without native bf16."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if machine().native_bf16 else torch.float32
         return getattr(torch, self.dtype)
+
+    @property
+    def threads(self) -> int:
+        return self.num_threads or machine().cores
 
     @classmethod
     def load(cls, path: str | Path) -> "EngineConfig":

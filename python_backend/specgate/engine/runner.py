@@ -1,9 +1,11 @@
 """The baseline engine's scheduler: iteration-level (in-flight) batching over KV-cache slots.
 
-One worker thread owns the model. Each iteration it
-1. admits waiting requests into free slots (FIFO, so waiting is fair) and prefills them, then
-2. runs ONE forward over every active sequence's last token (per-sequence positions), samples each
-   with its own RNG, and emits each request's new token.
+One worker thread owns the target. Each iteration it
+1. admits waiting requests into free slots (FIFO, so waiting is fair), then
+2. runs ONE forward holding every running sequence's last token and the next prompt chunk of the
+   sequences still reading their prompt (at most `PREFILL_CHUNK` prompt tokens per step, so a long
+   prompt delays the others by a bounded amount), samples each sequence that has a new token with
+   its own RNG, and emits it.
 Finished or cancelled sequences free their slot at once; a request cancelled while it waits ends
 at the next iteration; a request that waits past `queue_timeout_s` gets an error event, and one
 that finds the queue full is refused (`QueueFull`). Every accepted request gets exactly one final
@@ -22,13 +24,15 @@ from typing import Callable
 import torch
 
 from specgate.engine.config import EngineConfig
-from specgate.engine.model import KVCache, Llama
 from specgate.engine.request import Event, GenerationRequest, check_prompt, hits_stop
 from specgate.engine.sampling import sample_token
+from specgate.engine.target import Target
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[Event], None]
+
+PREFILL_CHUNK = 256  # prompt tokens per step, over all joining sequences
 
 
 class QueueFull(RuntimeError):
@@ -42,16 +46,17 @@ class _Seq:
     is_cancelled: Callable[[], bool]
     enqueued: float
     slot: int = -1
-    length: int = 0  # tokens in this slot's cache
+    read: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
     gen: torch.Generator | None = None
     done: bool = False  # its final event went out
 
 
 class BatchRunner:
-    def __init__(self, model: Llama, cfg: EngineConfig) -> None:
-        self.model, self.cfg = model, cfg
-        self.cache = KVCache(model.cfg, cfg.max_batch_size, cfg.max_context, cfg.torch_dtype)
+    def __init__(self, target: Target, cfg: EngineConfig) -> None:
+        if target.info.num_slots < cfg.max_batch_size:
+            raise ValueError(f"target has {target.info.num_slots} slots, max_batch_size is {cfg.max_batch_size}")
+        self.target, self.cfg = target, cfg
         self._free = list(range(cfg.max_batch_size))
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._active: list[_Seq] = []
@@ -63,7 +68,7 @@ class BatchRunner:
     # -- public -------------------------------------------------------------------------------
     def submit(self, req: GenerationRequest, emit: Emit, is_cancelled: Callable[[], bool] = lambda: False) -> None:
         """Queue a request. Events arrive on `emit` from the worker thread; the last has finished=True."""
-        check_prompt(req, self.cfg.max_context, self.model.cfg.vocab_size)
+        check_prompt(req, self.cfg.max_context, self.target.info.vocab_size)
         with self._cv:
             if self._stop:
                 raise RuntimeError("engine is shutting down")
@@ -104,16 +109,15 @@ class BatchRunner:
             if stopping:
                 return
             for seq in admitted:
-                self._guard(seq, self._prefill)
-            self._prune()
+                seq.gen = seq.req.sampling.generator()
             if self._active:
                 try:
-                    self._decode_step()
+                    self._step()
                 except Exception as exc:  # a bug here must not hang every client
                     log.exception("decode step failed")
                     for s in self._active:
                         self._finish(s, error=f"engine error: {exc}")
-                self._prune()
+                self._active = [s for s in self._active if not s.done]
 
     def _admit_locked(self) -> tuple[list[_Seq], list[tuple[_Seq, str | None]]]:
         """Move waiting requests into free slots, FIFO. Returns (admitted, dropped with their error).
@@ -137,42 +141,27 @@ class BatchRunner:
         self._waiting = kept
         return admitted, dropped
 
-    def _prune(self) -> None:
-        """Drop finished sequences and pack the rest into slots 0..n-1, so that a decode step reads
-        the cache through a view instead of gathering it (a copy per layer per step)."""
-        self._active = [s for s in self._active if not s.done]
-        for seq in sorted(self._active, key=lambda s: -s.slot):
-            hole = min(self._free, default=self.cfg.max_batch_size)
-            if hole > seq.slot:
-                break
-            self.cache.move(seq.slot, hole, seq.length)
-            self._free.remove(hole)
-            self._free.append(seq.slot)
-            seq.slot = hole
-
-    def _prefill(self, seq: _Seq) -> None:
-        seq.gen = seq.req.sampling.generator()
-        ids = torch.tensor([seq.req.input_ids])
-        h = self.model(ids, self.cache, torch.tensor([seq.slot]), torch.tensor([0]))
-        seq.length = ids.shape[1]
-        self._accept(seq, self.model.logits(h[:, -1])[0])
-
-    def _decode_step(self) -> None:
-        live = []
-        for s in sorted(self._active, key=lambda s: s.slot):
+    def _step(self) -> None:
+        """One forward: every running sequence's last token plus prompt chunks, then sample."""
+        items: list[tuple[_Seq, list[int]]] = []
+        budget = PREFILL_CHUNK
+        for s in self._active:
             if s.is_cancelled():
                 self._finish(s)
+            elif s.read < len(s.req.input_ids):
+                if budget > 0:
+                    chunk = s.req.input_ids[s.read : s.read + budget]
+                    budget -= len(chunk)
+                    items.append((s, chunk))
             else:
-                live.append(s)
-        if not live:
+                items.append((s, [s.generated[-1]]))
+        if not items:
             return
-        ids = torch.tensor([[s.generated[-1]] for s in live])
-        slots = torch.tensor([s.slot for s in live])
-        lens = torch.tensor([s.length for s in live])
-        logits = self.model.logits(self.model(ids, self.cache, slots, lens))[:, -1]
-        for i, s in enumerate(live):
-            s.length += 1
-            self._guard(s, lambda seq, row=logits[i]: self._accept(seq, row))
+        logits = self.target.forward([(s.slot, tokens) for s, tokens in items])
+        for i, (s, tokens) in enumerate(items):
+            s.read = min(s.read + len(tokens), len(s.req.input_ids))
+            if s.generated or s.read == len(s.req.input_ids):  # mid-prompt chunks yield no token
+                self._guard(s, lambda seq, row=logits[i]: self._accept(seq, row))
 
     def _accept(self, seq: _Seq, logits: torch.Tensor) -> None:
         """Sample the next token, emit it, and finish the sequence if a stop condition holds."""
@@ -184,7 +173,7 @@ class BatchRunner:
         seq.generated.append(tok)
         done = (
             len(seq.generated) >= seq.req.max_new_tokens
-            or seq.length + 1 >= self.cfg.max_context
+            or len(seq.req.input_ids) + len(seq.generated) >= self.cfg.max_context
             or hits_stop(seq.generated, seq.req.stop_words)
         )
         if done:
@@ -199,6 +188,7 @@ class BatchRunner:
             return
         seq.done = True
         if seq.slot >= 0:
+            self.target.release(seq.slot)
             self._free.append(seq.slot)
             seq.slot = -1
         self._safe_emit(seq, Event(tokens or [], finished=True, error=error))

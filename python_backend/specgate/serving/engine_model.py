@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
-from specgate.contract import PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS
+from specgate.algorithms import ALGORITHMS
+from specgate.contract import PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, VERIFY_COST_METRIC
 from specgate.engine.config import EngineConfig
-from specgate.engine.model import Llama, load_llama
+from specgate.engine.cost_curve import CostCurve
+from specgate.engine.loading import load_target
+from specgate.engine.machine import machine
 from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.sampling import SamplingParams
+from specgate.engine.target import Target
+from specgate.speculative.calibration import Calibration
 from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput
@@ -64,23 +68,53 @@ def parse_engine_request(request: Any, cfg: EngineConfig) -> tuple[GenerationReq
 
 
 class ResponseStream:
-    """Turns engine Events into Triton responses for one request (called from the engine thread)."""
+    """Turns one request's engine Events into Triton responses.
 
-    def __init__(self, sender: Any, streaming: bool) -> None:
-        self.sender, self.streaming = sender, streaming
-        self.tokens: list[int] = []
+    The engine's decode loop only records events here; `ResponseSender`'s thread sends them, so a
+    decode step never waits for the IPC of a send (about a millisecond per response on a busy
+    2-core machine, against a few milliseconds per token). Tokens that arrive while a send is under
+    way go out together in the next response.
+    """
+
+    def __init__(self, sender: Any, streaming: bool, outbox: "ResponseSender") -> None:
+        self.sender, self.streaming, self.outbox = sender, streaming, outbox
+        self.tokens: list[int] = []  # everything emitted so far
+        self.sent = 0  # of which already in a response
+        self.last: Event | None = None  # the newest event (stats, flags)
+        self.failed = False  # a send raised: the client is gone
+        self.scheduled = False
         self.lock = threading.Lock()
 
     def __call__(self, ev: Event) -> None:
         with self.lock:
+            self.tokens += ev.tokens
+            self.last = ev
+            if self.scheduled or not (ev.finished or (self.streaming and ev.tokens)):
+                return
+            self.scheduled = True
+        self.outbox.schedule(self)
+
+    def is_cancelled(self) -> bool:
+        return self.failed or self.sender.is_cancelled()
+
+    def flush(self) -> None:
+        """Send what is pending (on the sender thread)."""
+        with self.lock:
+            self.scheduled = False
+            ev, tokens, final = self.last, self.tokens[self.sent :], bool(self.last and self.last.finished)
+            self.sent = len(self.tokens)
+        if ev is None or self.failed:
+            return
+        try:
             if ev.error is not None:
                 self.sender.send(error_response(ev.error, invalid_arg=False), flags=FINAL)
-                return
-            self.tokens += ev.tokens
-            if self.streaming:
-                self.sender.send(self._response(ev.tokens, ev), flags=FINAL if ev.finished else 0)
-            elif ev.finished:
+            elif self.streaming:
+                self.sender.send(self._response(tokens, ev), flags=FINAL if final else 0)
+            elif final:
                 self.sender.send(self._response(self.tokens, ev), flags=FINAL)
+        except Exception:  # the client went away: the engine stops this request at its next step
+            log.warning("response stream failed", exc_info=True)
+            self.failed = True
 
     def _response(self, tokens: list[int], ev: Event) -> Any:
         s = ev.stats or SpecStats()
@@ -93,25 +127,51 @@ class ResponseStream:
                 tensor("total_draft_tokens", [[s.draft_tokens]], np.int32),
                 tensor("num_drafts", [[s.num_drafts]], np.int32),
                 tensor("accepted_per_position", [s.accepted_per_position or [0]], np.int32),
+                tensor("draft_budget", [[s.draft_budget]], np.int32),
                 tensor("handed_over", [[ev.handed_over]], np.bool_),
             ]
         )
 
 
+class ResponseSender:
+    """One thread per engine that sends the responses of every ResponseStream, in order per stream."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[ResponseStream | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="response-sender", daemon=True)
+        self._thread.start()
+
+    def schedule(self, stream: ResponseStream) -> None:
+        self._q.put(stream)
+
+    def shutdown(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while (stream := self._q.get()) is not None:
+            stream.flush()
+
+
 class EngineModel:
-    """Base adapter; subclasses choose the runner that owns the model."""
+    """Base adapter; subclasses choose the runner that owns the target."""
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
         params = json.loads(args["model_config"])["parameters"]
         self.cfg = EngineConfig.load(params["engine_config"]["string_value"])
-        if self.cfg.num_threads:
-            torch.set_num_threads(self.cfg.num_threads)
-        model = load_llama(Path(self.cfg.checkpoint_dir), self.cfg.torch_dtype, self.cfg.max_context)
-        self.runner = self.make_runner(model, self.cfg)
-        log.info("%s ready: dtype=%s max_batch=%d", args["model_name"], self.cfg.dtype, self.cfg.max_batch_size)
+        self.name = args["model_name"]
+        self.outbox = ResponseSender()
+        self.runner = self.make_runner(self.cfg)
+        info = self.runner_target().info
+        log.info(
+            "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads, self.cfg.max_batch_size
+        )
 
-    def make_runner(self, model: Llama, cfg: EngineConfig) -> Any:
+    def make_runner(self, cfg: EngineConfig) -> Any:
+        raise NotImplementedError
+
+    def runner_target(self) -> Target:
         raise NotImplementedError
 
     def submit(self, req: GenerationRequest, emit: Callable[[Event], None], is_cancelled: Callable[[], bool], params: dict) -> None:
@@ -121,8 +181,12 @@ class EngineModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                params = request_parameters(request)
+                if self.control(params, sender):
+                    continue
                 req, streaming = parse_engine_request(request, self.cfg)
-                self.submit(req, ResponseStream(sender, streaming), sender.is_cancelled, request_parameters(request))
+                stream = ResponseStream(sender, streaming, self.outbox)
+                self.submit(req, stream, stream.is_cancelled, params)
             except (InvalidInput, ValueError) as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
             except Exception as exc:  # QueueFull and anything unexpected: answer, never drop
@@ -130,27 +194,65 @@ class EngineModel:
                 sender.send(error_response(str(exc), invalid_arg=False), flags=FINAL)
         return None
 
+    def control(self, params: dict, sender: Any) -> bool:
+        """Handle a control message (not a generation); True if `params` held one."""
+        return False
+
     def finalize(self) -> None:
         self.runner.shutdown()
+        self.outbox.shutdown()
 
 
 class BaselineEngineModel(EngineModel):
-    def make_runner(self, model: Llama, cfg: EngineConfig) -> Any:
+    def make_runner(self, cfg: EngineConfig) -> Any:
         from specgate.engine.runner import BatchRunner
 
-        return BatchRunner(model, cfg)
+        return BatchRunner(load_target(cfg, cfg.model, num_slots=cfg.max_batch_size), cfg)
+
+    def runner_target(self) -> Target:
+        return self.runner.target
 
 
 class SpeculativeEngineModel(EngineModel):
-    def make_runner(self, model: Llama, cfg: EngineConfig) -> Any:
+    def make_runner(self, cfg: EngineConfig) -> Any:
+        from specgate.speculative.registry import build_drafters
         from specgate.speculative.runner import SpeculativeRunner
 
-        return SpeculativeRunner(model, cfg)
+        tree_nodes = max(ALGORITHMS[name].max_k for name in ALGORITHMS)
+        target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes)
+        self.cost_gauge = pb_utils.MetricFamily(
+            name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified", kind=pb_utils.MetricFamily.GAUGE
+        )
+        return SpeculativeRunner(target, build_drafters(target, cfg), cfg, on_calibration=self._publish)
+
+    def runner_target(self) -> Target:
+        return self.runner.generator.target
+
+    def _publish(self, cal: Calibration) -> None:
+        """Log the calibration, export the curve as a gauge and write it for the gate."""
+        log.info("spec_engine %s", cal.summary())
+        for tokens, ms in zip(cal.curve.tokens, cal.curve.ms):
+            self.cost_gauge.Metric(labels={"tokens": str(tokens)}).set(ms / 1000)
+        if self.cfg.calibration_path is not None:
+            cal.save(self.cfg.calibration_path)
+
+    def control(self, params: dict, sender: Any) -> bool:
+        if params.get(PARAM_HAND_OVER):  # the gate asks: hand every running request over to the baseline
+            self.runner.hand_over_all()
+            ResponseStream(sender, False, self.outbox)(Event([], finished=True))
+            return True
+        if PARAM_CALIBRATE in params:  # an operator asks: measure again (or take the given ratios)
+            ratios = params[PARAM_CALIBRATE]
+            curve = CostCurve.of_ratios({int(t): float(r) for t, r in json.loads(ratios).items()}) if ratios not in ("", True) else None
+
+            def done(result: Any) -> None:
+                error = f"calibration failed: {result}" if isinstance(result, Exception) else None
+                ResponseStream(sender, False, self.outbox)(Event([], finished=True, error=error))
+
+            self.runner.recalibrate(done, curve)
+            return True
+        return False
 
     def submit(self, req: GenerationRequest, emit: Callable[[Event], None], is_cancelled: Callable[[], bool], params: dict) -> None:
-        if params.get(PARAM_HAND_OVER):  # the gate's control message, not a generation
-            self.runner.hand_over_all()
-            emit(Event([], finished=True))
-            return
         k = params.get(PARAM_NUM_SPEC_TOKENS)
         self.runner.submit(req, emit, is_cancelled, params.get(PARAM_ALGORITHM), None if k is None else int(k))

@@ -26,7 +26,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, engine_inputs
+from specgate.contract import (
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
+    engine_inputs,
+)
 from specgate.gate import Decision, Gate, PolicyError
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
 from specgate.llm_request import LLMRequest, parse_llm_request
@@ -38,8 +41,8 @@ import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 
-ENGINE_OUTPUT_NAMES = ["output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
-EXTENSION_OUTPUT_NAMES = ["num_drafts", "accepted_per_position", "handed_over"]
+ENGINE_OUTPUT_NAMES = [t.name for t in ENGINE_OUTPUTS]
+EXTENSION_OUTPUT_NAMES = [t.name for t in ENGINE_EXTENSIONS]
 _LLM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "use_speculative_decoding", "num_speculative_tokens")
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
 
@@ -76,12 +79,13 @@ def _stats(resp: Any, last: SpecStats) -> SpecStats:
     drafted, accepted = _out(resp, "total_draft_tokens"), _out(resp, "total_accepted_draft_tokens")
     if drafted is None or accepted is None:
         return last
-    drafts, per_pos = _out(resp, "num_drafts"), _out(resp, "accepted_per_position")
+    drafts, per_pos, budget = _out(resp, "num_drafts"), _out(resp, "accepted_per_position"), _out(resp, "draft_budget")
     return SpecStats(
         num_drafts=0 if drafts is None else int(drafts.reshape(-1)[0]),
         draft_tokens=int(drafted.reshape(-1)[0]),
         accepted_tokens=int(accepted.reshape(-1)[0]),
         accepted_per_position=[] if per_pos is None else [int(x) for x in per_pos.reshape(-1) if x > 0],
+        draft_budget=-1 if budget is None else int(budget.reshape(-1)[0]),
     )
 
 
@@ -219,22 +223,25 @@ class GateModel:
         if speculative:
             self._count_speculating(+1)
         try:
-            for resp in _responses(req, engine, stall_s):
-                if resp.has_error():
-                    err = resp.error()
-                    code = err.code() if hasattr(err, "code") else None
-                    # The gate validated every client-facing knob already, so spec_engine refusing a
-                    # request (e.g. an algorithm it has not loaded) is a deployment fault: fall back.
-                    if code == pb_utils.TritonError.INVALID_ARG and engine == "target_engine":
-                        raise InvalidInput(err.message())
-                    raise EngineFailure(f"{engine}: {err.message()}")
-                out = _out(resp, "output_ids")
-                if out is None:  # the flag-only final response
-                    continue
-                stats = _stats(resp, stats)
-                on_tokens([int(t) for t in out.reshape(-1)], stats)
-                flag = _out(resp, "handed_over")
-                handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
+            for batch in _responses(req, engine, stall_s):
+                tokens: list[int] = []
+                for resp in batch:
+                    if resp.has_error():
+                        err = resp.error()
+                        code = err.code() if hasattr(err, "code") else None
+                        # The gate validated every client-facing knob already, so spec_engine refusing a
+                        # request (e.g. an algorithm it has not loaded) is a deployment fault: fall back.
+                        if code == pb_utils.TritonError.INVALID_ARG and engine == "target_engine":
+                            raise InvalidInput(err.message())
+                        raise EngineFailure(f"{engine}: {err.message()}")
+                    out = _out(resp, "output_ids")
+                    if out is None:  # the flag-only final response
+                        continue
+                    stats = _stats(resp, stats)
+                    tokens += [int(t) for t in out.reshape(-1)]
+                    flag = _out(resp, "handed_over")
+                    handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
+                on_tokens(tokens, stats)
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
             raise EngineFailure(f"{engine}: {exc}") from exc
         finally:
@@ -255,9 +262,10 @@ class GateModel:
         try:
             arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
             req = _bls_request("spec_engine", arrays, ["output_ids"], {PARAM_HAND_OVER: True})
-            for resp in _responses(req, "spec_engine", 10.0):
-                if resp.has_error():
-                    log.warning("spec_engine refused the hand-over: %s", resp.error().message())
+            for batch in _responses(req, "spec_engine", 10.0):
+                for resp in batch:
+                    if resp.has_error():
+                        log.warning("spec_engine refused the hand-over: %s", resp.error().message())
         except Exception as exc:  # the requests then simply finish on spec_engine
             log.warning("hand-over to the baseline failed: %s", exc)
         finally:
@@ -326,19 +334,14 @@ class _Keepalive:
 _KEEPALIVE = _Keepalive()
 
 
-def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[Any]:
-    """The BLS responses of `req`, failing with EngineFailure if none arrives for `stall_s` seconds.
+def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[list[Any]]:
+    """The BLS responses of `req`, in lists of those that arrived while the previous list was being
+    forwarded (so a slow client path gets fewer, larger responses instead of a growing backlog).
+    Fails with EngineFailure if nothing arrives for `stall_s` seconds (None: wait forever).
 
-    The BLS iterator is drained on its own thread because it blocks forever when the engine's stub
-    process dies mid-request; that thread is abandoned in that case.
+    The BLS iterator is drained on its own thread: it blocks forever when the engine's stub process
+    dies mid-request, and that thread is then abandoned.
     """
-    if stall_s is None:
-        it = req.exec(decoupled=True)
-        try:
-            yield from it
-        finally:
-            _KEEPALIVE.hold(req, it)
-        return
     q: queue.Queue = queue.Queue()
 
     def pump() -> None:
@@ -356,14 +359,19 @@ def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[Any]:
     threading.Thread(target=pump, name=f"bls-{engine}", daemon=True).start()
     while True:
         try:
-            item = q.get(timeout=stall_s)
+            items = [q.get(timeout=stall_s)]
         except queue.Empty:
             raise EngineFailure(f"{engine}: no response for {stall_s:.0f} s") from None
-        if item is _DONE:
-            return
-        if isinstance(item, Exception):
-            raise item
-        yield item
+        while not q.empty():
+            items.append(q.get_nowait())
+        batch = [i for i in items if i is not _DONE and not isinstance(i, Exception)]
+        if batch:
+            yield batch
+        for item in items:
+            if isinstance(item, Exception):
+                raise item
+            if item is _DONE:
+                return
 
 
 class _Output:
@@ -402,5 +410,6 @@ class _Output:
                 tensor("num_accepted_tokens", [s.accepted_tokens], np.int32),
                 tensor("acceptance_rate", [s.acceptance_rate], np.float32),
                 tensor("num_output_tokens", [len(self.ids)], np.int32),
+                tensor("draft_budget", [s.draft_budget], np.int32),
             ]
         )

@@ -11,17 +11,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specgate.engine.model import Llama
 from specgate.engine.sampling import SamplingParams, warp
-from specgate.speculative.drafter import Drafter, DraftTree
+from specgate.engine.tree import DraftTree
+from specgate.speculative.drafter import Drafter
 
 
 class EagleBase(Drafter):
     """Feeds committed (feature, next token) pairs to the head; shared by the chain and the tree."""
 
-    def __init__(self, head: torch.nn.Module, target: Llama, max_len: int) -> None:
+    uses_features = True
+
+    def __init__(self, head: torch.nn.Module, vocab_size: int, max_len: int) -> None:
         self.head = head
-        self.vocab_size = target.cfg.vocab_size
+        self.vocab_size = vocab_size
         self.cache = head.new_cache(max_len, next(head.parameters()).dtype)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
@@ -44,8 +46,6 @@ class EagleBase(Drafter):
 
 class EagleDrafter(EagleBase):
     name = "eagle"
-    default_k = 5
-    max_k = 10
 
     def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
         feat = self._consume(tokens, features)

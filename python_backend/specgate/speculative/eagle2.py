@@ -5,11 +5,9 @@ sum of draft log-probabilities along the path; the `top_k` best of those become 
 Reranking: the `k` best-scored candidates of all depths form the tree. A child never outscores its
 parent, so that set contains every selected node's ancestors.
 
-Defaults (depth 5, top_k 4, k = total_tokens 8), from build/bench_drafters.py (20 prompts, 64
-tokens, bf16, 1 thread) with a head of held-out tau 1.86: 1.99 tokens per target step at 8 nodes
-(1.33x plain greedy), 2.06 at 12 (1.23x), 2.07 at 16 (depth 6; 1.14x), 2.17 at 24 (depth 6, top_k 6;
-1.09x); smaller trees 1.83-1.95 (depth 4 / 6 nodes 1.31x, top_k 3 / 8 nodes 1.28x). A target
-forward over 9 tokens costs about as much as over 1 while 17 cost 1.29x, so 8 nodes win.
+Defaults (depth 5, top_k 4, k = total_tokens 8): measured in docs/speculative.md ("EAGLE-2 tree
+size"). The engine's budget controller may verify fewer nodes than k where the machine's cost curve
+makes more not pay; a smaller budget keeps the k best-scored nodes.
 
 Children are chosen deterministically (top-k), so the tree carries no q: the verifier treats each
 as one-hot, which is exact at any temperature (a sampled tree would accept more when T > 0).
@@ -20,18 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specgate.engine.model import Llama
-from specgate.speculative.drafter import DraftTree
+from specgate.algorithms import EAGLE2_DEPTH
+from specgate.engine.tree import DraftTree
 from specgate.speculative.eagle import EagleBase
 
 
 class Eagle2Drafter(EagleBase):
     name = "eagle2"
-    default_k = 8  # total_tokens: nodes in the verified tree
-    max_k = 64
 
-    def __init__(self, head: torch.nn.Module, target: Llama, max_len: int, depth: int = 5, top_k: int = 4) -> None:
-        super().__init__(head, target, max_len)
+    def __init__(self, head: torch.nn.Module, vocab_size: int, max_len: int, depth: int = EAGLE2_DEPTH, top_k: int = 4) -> None:
+        super().__init__(head, vocab_size, max_len)
         self.depth, self.top_k = depth, top_k
 
     def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:

@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specgate.engine.model import Attn, DecoderLayer, KVCache, Llama, LlamaConfig, Rotary
+from specgate.engine.model import Attn, DecoderLayer, KVCache, LlamaConfig, Rotary
 
 WEIGHTS = "eagle_head.safetensors"
 CONFIG = "config.json"
@@ -98,7 +99,9 @@ class _Levels:
 
 
 class EagleHead(nn.Module):
-    def __init__(self, cfg: EagleHeadConfig, target: Llama, d2t: Tensor) -> None:
+    """`embed` and `lm_head` are the target's input and output tables [V, D] (`Target.embeddings()`)."""
+
+    def __init__(self, cfg: EagleHeadConfig, embed: Tensor, lm_head: Tensor, d2t: Tensor) -> None:
         super().__init__()
         self.cfg = cfg
         self.llama_cfg = cfg.llama_config()
@@ -106,11 +109,11 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * D, D, bias=False)
         self.layer = DecoderLayer(self.llama_cfg, use_input_norm=False)
         self.register_buffer("d2t", d2t.long().clone())
-        # Frozen pieces of the target. `embed` is the target's own module, kept unregistered so that
-        # `head.to(...)` or `head.state_dict()` never touch the target.
-        object.__setattr__(self, "embed", target.embed)
+        # Frozen pieces of the target. `embed` is the target's own table, kept unregistered so that
+        # `head.to(...)` or `head.state_dict()` never touch (or copy) it.
+        object.__setattr__(self, "embed", embed)
         self.lm_head = nn.Linear(D, cfg.draft_vocab_size, bias=False)
-        self.lm_head.weight = nn.Parameter(target.lm_head.weight.detach()[self.d2t].clone(), requires_grad=False)
+        self.lm_head.weight = nn.Parameter(lm_head.detach()[self.d2t].clone().to(self.fc.weight.dtype), requires_grad=False)
         self.rotary = Rotary(self.llama_cfg, cfg.max_position_embeddings)
 
     def trainable_state(self) -> dict[str, Tensor]:
@@ -123,7 +126,7 @@ class EagleHead(nn.Module):
     def _inputs(self, features: Tensor, input_ids: Tensor) -> Tensor:
         dtype = self.fc.weight.dtype
         with torch.no_grad():  # the target's table is frozen: no gradient for 49k x D rows
-            emb = self.embed(input_ids).to(dtype)
+            emb = F.embedding(input_ids, self.embed).to(dtype)
         return self.fc(torch.cat([emb, features.to(dtype)], dim=-1))
 
     def forward(
@@ -193,12 +196,13 @@ def save_eagle_head(head: EagleHead, path: Path) -> None:
     (path / CONFIG).write_text(head.cfg.model_dump_json(indent=2) + "\n")
 
 
-def load_eagle_head(path: Path, target: Llama, dtype: torch.dtype) -> EagleHead:
+def load_eagle_head(path: Path, embed: Tensor, lm_head: Tensor, dtype: torch.dtype) -> EagleHead:
+    """The head in `path`, on the target tables `embed` / `lm_head` [V, D]."""
     cfg = EagleHeadConfig.model_validate(json.loads((path / CONFIG).read_text()))
-    if cfg.hidden_size != target.cfg.hidden_size or cfg.target_vocab_size != target.cfg.vocab_size:
-        raise ValueError(f"head {path} was trained for another target (hidden/vocab mismatch)")
+    if (cfg.target_vocab_size, cfg.hidden_size) != tuple(embed.shape):
+        raise ValueError(f"head {path} was trained for another target (vocab x hidden {cfg.target_vocab_size} x {cfg.hidden_size}, target {tuple(embed.shape)})")
     sd = load_file(str(path / WEIGHTS))
-    head = EagleHead(cfg, target, sd["d2t"])
+    head = EagleHead(cfg, embed, lm_head, sd["d2t"])
     missing, unexpected = head.load_state_dict(sd, strict=False)
     if unexpected or [m for m in missing if not m.startswith("lm_head.")]:
         raise ValueError(f"bad head file {path / WEIGHTS}: missing {missing}, unexpected {unexpected}")

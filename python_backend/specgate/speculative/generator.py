@@ -1,25 +1,36 @@
-"""The speculative generation loop for one sequence (B = 1, cache slot 0).
+"""The speculative generation loop for one sequence at a time (target slot 0).
 
     prefill -> root token
-    loop: drafter proposes a tree under the root
-          one target forward over (root, tree) with the tree mask and depth positions
-          verify -> accepted path + bonus token
-          compact the target KV cache to the accepted path; tell the drafter
+    loop: choose the step's draft budget (speculative/budget.py; fixed k without a cost curve)
+          the drafter proposes a tree of at most that many nodes under the root
+          one target pass over (root, tree), each node seeing only its ancestors
+          verify -> accepted path + bonus token; the target keeps the accepted path
           emit accepted + bonus (truncated at EOS / stop words / max_new_tokens); bonus = new root
+
+A budget of 0 makes the step a plain decode of the root on the same cache.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 
 import torch
+from torch import Tensor
 
-from specgate.engine.model import KVCache, Llama
+from specgate.algorithms import ALGORITHMS, check_k
+from specgate.engine.cost_curve import CostCurve
+from specgate.engine.request import hits_stop
 from specgate.engine.sampling import SamplingParams, sample_token, warp
+from specgate.engine.target import Target
+from specgate.engine.tree import DraftTree
+from specgate.speculative.budget import Acceptance, DraftCost, choose_budget
 from specgate.speculative.drafter import Drafter
-from specgate.speculative.registry import check_request
-from specgate.stats import SpecStats
 from specgate.speculative.verify import verify_greedy, verify_sampling
+from specgate.stats import SpecStats
+
+SLOT = 0
+ENGINE_MEMORY = 0.98  # weight of earlier requests in the engine-wide acceptance each request starts from
 
 
 class SpecStream:
@@ -42,28 +53,35 @@ class SpecStream:
 class SpeculativeGenerator:
     """Speculative decoding over `target` with the given drafters (name -> drafter).
 
-    One request at a time: the target cache and the drafters' state belong to the stream being
+    `curve`: the machine's verification cost curve; each step then drafts the budget that pays most
+    (up to the request's k), 0 included. Without one every step drafts k (exactness tests).
+
+    One request at a time: the target's slot and the drafters' state belong to the stream being
     iterated, so run (or drop) one stream before starting the next one.
     """
 
-    def __init__(self, target: Llama, drafters: Mapping[str, Drafter], max_len: int) -> None:
+    def __init__(self, target: Target, drafters: Mapping[str, Drafter], curve: CostCurve | None = None) -> None:
         self.target = target
         self.drafters = dict(drafters)
-        self.max_len = max_len
-        self.cache = KVCache(target.cfg, 1, max_len, target.embed.weight.dtype)
+        self.curve = curve
+        self.max_len = target.info.max_context
+        self.acceptance = {name: Acceptance(prior=[ALGORITHMS[name].prior_acceptance]) for name in self.drafters}
+        self.draft_cost = {name: DraftCost(per_node=ALGORITHMS[name].draft_cost_per_node) for name in self.drafters}
 
     def generate(
         self,
         prompt_ids: list[int],
         max_new_tokens: int,
         params: SamplingParams | None = None,
-        algorithm: str = "eagle",
+        algorithm: str = "ngram",
         k: int | None = None,
         end_id: int | None = None,
         stop_words: list[list[int]] | None = None,
     ) -> SpecStream:
         """Validate the request now (ValueError on a bad algorithm, k or length); decode lazily."""
-        k = check_request(algorithm, k, self.drafters)
+        k = check_k(algorithm, k)
+        if algorithm not in self.drafters:
+            raise ValueError(f"speculative algorithm {algorithm!r} is not loaded in this engine; loaded: {', '.join(sorted(self.drafters))}")
         if not prompt_ids or len(prompt_ids) >= self.max_len:
             raise ValueError(f"prompt length {len(prompt_ids)} must be in [1, {self.max_len - 1}]")
         if max_new_tokens < 1:
@@ -74,12 +92,17 @@ class SpeculativeGenerator:
             list(prompt_ids),
             max_new_tokens,
             params or SamplingParams(),
-            self.drafters[algorithm],
+            algorithm,
             k,
-            self.target.cfg.eos_token_id if end_id is None else end_id,
+            self.target.info.eos_token_id if end_id is None else end_id,
             [w for w in stop_words or [] if w],
         )
         return stream
+
+    def _budget(self, algorithm: str, acceptance: Acceptance, k: int) -> int:
+        if self.curve is None:
+            return k
+        return choose_budget(self.curve, acceptance, self.draft_cost[algorithm], k, ALGORITHMS[algorithm].max_depth)
 
     @torch.inference_mode()
     def _run(
@@ -88,68 +111,74 @@ class SpeculativeGenerator:
         prompt: list[int],
         max_new: int,
         params: SamplingParams,
-        drafter: Drafter,
+        algorithm: str,
         k: int,
         end_id: int,
         stop_words: list[list[int]],
     ) -> Iterator[list[int]]:
+        drafter, target = self.drafters[algorithm], self.target
+        features = drafter.uses_features
+        engine_acc = self.acceptance[algorithm]
+        # this request starts from what the engine has seen of this algorithm so far
+        acceptance = Acceptance(prior=[engine_acc.rate(i) for i in range(max(k, 1))])
         gen = params.generator()
-        slot = torch.zeros(1, dtype=torch.long)
-        hidden = self.target(torch.tensor([prompt]), self.cache, slot, torch.zeros(1, dtype=torch.long))
-        root = sample_token(self.target.logits(hidden[0, -1]), params, gen)
-        cache_len, tokens, features = len(prompt), prompt + [root], hidden[0]
+        logits, hidden = target.prefill(SLOT, prompt, features)
+        root = sample_token(logits, params, gen)
+        tokens = prompt + [root]
+        pending: list[Tensor] = [hidden] if hidden is not None else []  # features the drafter has not seen
         drafter.begin(prompt, params, gen)
         out: list[int] = []
         new = [root]
-        while True:
-            emit, stream.finish_reason = _clip(new, out, max_new, end_id, stop_words)
-            out += emit
-            if emit:
-                yield emit
-            if stream.finish_reason is None and cache_len + 1 >= self.max_len:
-                stream.finish_reason = "context"  # no room for the root's K/V
-            if stream.finish_reason is not None:
-                return
-            # Draft no more than fits in the cache or than the request still needs.
-            budget = min(k, self.max_len - cache_len - 1, max_new - len(out) - 1)
-            tree = drafter.propose(tokens, features, budget)
-            ids = torch.cat([torch.tensor([tokens[-1]]), tree.tokens]).unsqueeze(0)
-            # A chain is the model's default (causal mask, consecutive positions): its cheaper path.
-            chain = tree.is_chain
-            hidden = self.target(
-                ids,
-                self.cache,
-                slot,
-                torch.tensor([cache_len]),
-                positions=None if chain else tree.positions(cache_len).unsqueeze(0),
-                tree_mask=None if chain else tree.attention_mask(),
-            )
-            logits = self.target.logits(hidden[0])
-            if params.greedy:
-                path, bonus = verify_greedy(tree, logits)
-            else:
-                path, bonus = verify_sampling(tree, warp(logits, params), gen)
-            keep = torch.tensor([0] + [1 + i for i in path])  # root + accepted nodes
-            self.cache.compact(0, cache_len, keep)
-            cache_len += keep.numel()
-            features = hidden[0, keep]
-            drafter.accept(tree, path)
-            stream.stats.record(len(tree), len(path))
-            new = tree.tokens[path].tolist() + [bonus]
-            tokens += new
+        try:
+            while True:
+                emit, stream.finish_reason = _clip(new, out, max_new, end_id, stop_words)
+                out += emit
+                if emit:
+                    yield emit
+                cache_len = target.length(SLOT)
+                if stream.finish_reason is None and cache_len + 1 >= self.max_len:
+                    stream.finish_reason = "context"  # no room for the root's K/V
+                if stream.finish_reason is not None:
+                    return
+                budget = self._budget(algorithm, acceptance, k)
+                stream.stats.draft_budget = budget
+                # Draft no more than fits in the cache or than the request still needs.
+                budget = min(budget, self.max_len - cache_len - 1, max_new - len(out) - 1)
+                tree = DraftTree.empty()
+                if budget > 0:
+                    start = time.perf_counter()
+                    tree = drafter.propose(tokens, torch.cat(pending) if pending else torch.empty(0), budget)
+                    self.draft_cost[algorithm].record(1000 * (time.perf_counter() - start), len(tree))
+                    pending = []
+                logits, hidden = target.verify(SLOT, tokens[-1], tree, features)
+                if params.greedy:
+                    path, bonus = verify_greedy(tree, logits)
+                else:
+                    path, bonus = verify_sampling(tree, warp(logits, params), gen)
+                keep = [0] + [1 + i for i in path]  # root + accepted nodes
+                target.commit(SLOT, keep)
+                if hidden is not None:
+                    pending.append(hidden[keep])
+                if len(tree):
+                    drafter.accept(tree, path)
+                    stream.stats.record(len(tree), len(path))
+                    acceptance.record(int(tree.depth.max()), len(path))
+                new = tree.tokens[path].tolist() + [bonus]
+                tokens += new
+        finally:
+            engine_acc.merge(acceptance, ENGINE_MEMORY)
+            target.release(SLOT)
 
 
 def _clip(
     new: list[int], out: list[int], max_new: int, end_id: int, stop_words: list[list[int]]
 ) -> tuple[list[int], str | None]:
     """The prefix of `new` to emit after `out`, and why generation ends there (None: it goes on)."""
-    longest = max((len(w) for w in stop_words), default=0)
-    tail = out[len(out) - longest :] if longest else []
+    tail = out[len(out) - max((len(w) for w in stop_words), default=0) :]  # all a stop word can span
     for i, tok in enumerate(new):
         if tok == end_id:
             return new[:i], "eos"
-        tail.append(tok)
-        if any(tail[-len(w) :] == w for w in stop_words if len(w) <= len(tail)):
+        if hits_stop(tail + new[: i + 1], stop_words):
             return new[: i + 1], "stop"
         if len(out) + i + 1 >= max_new:
             return new[: i + 1], "length"

@@ -16,18 +16,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specgate.algorithms import ALGORITHMS
 from specgate.engine.sampling import SamplingParams
-from specgate.speculative.drafter import Drafter, DraftTree
+from specgate.engine.tree import DraftTree
+from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.ngram import NgramDrafter
+
+CHAIN_K = ALGORITHMS["ngram"].default_k
 
 
 class HybridDrafter(Drafter):
     name = "hybrid"
-    default_k = Eagle2Drafter.default_k + NgramDrafter.default_k
-    max_k = Eagle2Drafter.max_k + NgramDrafter.default_k
+    uses_features = True
 
-    def __init__(self, tree: Eagle2Drafter, lookup: NgramDrafter, chain_k: int = NgramDrafter.default_k) -> None:
+    def __init__(self, tree: Eagle2Drafter, lookup: NgramDrafter, chain_k: int = CHAIN_K) -> None:
         self.tree, self.lookup, self.chain_k = tree, lookup, chain_k
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from specgate.speculative.drafter import Drafter, DraftTree
+from specgate.engine.tree import DraftTree
+from specgate.speculative.drafter import Drafter
 
 
 class NgramDrafter(Drafter):
     name = "ngram"
-    default_k = 5
-    max_k = 16
 
     def __init__(self, prompt_lookup_max: int = 4, prompt_lookup_min: int = 1) -> None:
         self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min

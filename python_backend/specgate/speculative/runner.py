@@ -1,8 +1,11 @@
-"""The speculative engine's scheduler: one sequence at a time, FIFO.
+"""The speculative engine's scheduler: one sequence at a time, FIFO, on one worker thread.
 
 Speculation already spends the spare compute of a step on draft tokens, so like TensorRT-LLM's
 draft-target BLS flow this engine does not batch; `queue_depth` lets the gate's load rule send
 overflow to the batched baseline instead.
+
+The worker also owns calibration (speculative/calibration.py): at start, and again whenever
+`recalibrate` is called, it measures the machine between requests and publishes the result.
 """
 
 from __future__ import annotations
@@ -11,37 +14,61 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+from specgate.algorithms import check_k
 from specgate.engine.config import EngineConfig
-from specgate.engine.model import Llama
+from specgate.engine.cost_curve import CostCurve
 from specgate.engine.request import Event, GenerationRequest, check_prompt
 from specgate.engine.runner import QueueFull
-from specgate.speculative.registry import build_drafters, check_request
+from specgate.engine.target import Target
+from specgate.speculative.calibration import Calibration, calibrate
+from specgate.speculative.drafter import Drafter
 from specgate.speculative.generator import SpeculativeGenerator
 
 log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
 
 
 @dataclass
 class _Job:
     req: GenerationRequest
-    emit: Callable[[Event], None]
+    emit: Emit
     is_cancelled: Callable[[], bool]
     algorithm: str
     k: int | None
     enqueued: float
 
 
+@dataclass
+class _Calibrate:
+    curve: CostCurve | None  # injected, or None to measure
+    done: Callable[[Calibration | Exception], None]
+
+
 class SpeculativeRunner:
-    def __init__(self, model: Llama, cfg: EngineConfig) -> None:
+    def __init__(
+        self,
+        target: Target,
+        drafters: dict[str, Drafter],
+        cfg: EngineConfig,
+        on_calibration: Callable[[Calibration], None] = lambda _: None,
+        calibrated: bool = True,
+    ) -> None:
+        """`calibrated` False: no cost curve, every step drafts k (exactness tests); else the worker
+        calibrates first (or takes cfg.cost_curve) and drafts only what pays."""
         self.cfg = cfg
-        drafters = build_drafters(model, cfg.max_context, cfg.draft_model_dir, cfg.eagle_head_dir)
-        self.generator = SpeculativeGenerator(model, drafters, cfg.max_context)
+        self.generator = SpeculativeGenerator(target, drafters)
+        self.calibration: Calibration | None = None
+        self._on_calibration = on_calibration
         log.info("speculative engine drafters: %s", sorted(drafters))
-        self._q: queue.Queue[_Job | None] = queue.Queue()
+        self._q: queue.Queue[_Job | _Calibrate | None] = queue.Queue()
         self._hand_over_before = float("-inf")  # jobs enqueued at or before this stop at their next step
+        if calibrated:
+            injected = CostCurve.of_ratios(cfg.cost_curve) if cfg.cost_curve else None
+            self._q.put(_Calibrate(injected, lambda _: None))
         self._thread = threading.Thread(target=self._loop, name="spec-runner", daemon=True)
         self._thread.start()
 
@@ -52,19 +79,25 @@ class SpeculativeRunner:
     def submit(
         self,
         req: GenerationRequest,
-        emit: Callable[[Event], None],
+        emit: Emit,
         is_cancelled: Callable[[], bool] = lambda: False,
         algorithm: str | None = None,
         k: int | None = None,
     ) -> None:
-        """Validate now (ValueError: unknown algorithm, k out of range, prompt too long or not token
-        ids of the model), run later."""
+        """Validate now (ValueError: unknown or unloaded algorithm, k out of range, prompt too long or
+        not token ids of the model), run later."""
         algorithm = algorithm or self.cfg.default_algorithm
-        check_request(algorithm, k, self.generator.drafters)
-        check_prompt(req, self.cfg.max_context, self.generator.target.cfg.vocab_size)
+        check_k(algorithm, k)
+        if algorithm not in self.generator.drafters:
+            raise ValueError(f"speculative algorithm {algorithm!r} is not loaded in this engine; loaded: {', '.join(sorted(self.generator.drafters))}")
+        check_prompt(req, self.cfg.max_context, self.generator.target.info.vocab_size)
         if self._q.qsize() >= self.cfg.max_queue_size:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
         self._q.put(_Job(req, emit, is_cancelled, algorithm, k, time.monotonic()))
+
+    def recalibrate(self, done: Callable[[Calibration | Exception], None], curve: CostCurve | None = None) -> None:
+        """Measure again (or take `curve`) after the requests already queued; `done` gets the result."""
+        self._q.put(_Calibrate(curve, done))
 
     def hand_over_all(self) -> None:
         """Stop every request submitted so far at its next step (or before it starts), with a final
@@ -76,29 +109,44 @@ class SpeculativeRunner:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        while (job := self._q.get()) is not None:
+        while (item := self._q.get()) is not None:
+            if isinstance(item, _Calibrate):
+                self._calibrate(item)
+                continue
             try:
-                self._run(job)
+                self._run(item)
             except Exception as exc:
                 log.exception("speculative request failed")
-                job.emit(Event([], finished=True, error=f"engine error: {exc}"))
+                _safe_emit(item, Event([], finished=True, error=f"engine error: {exc}"))
+
+    def _calibrate(self, item: _Calibrate) -> None:
+        try:
+            cal = calibrate(self.generator.target, self.generator.drafters, item.curve)
+            self.generator.curve = cal.curve
+            for name, a in cal.algorithms.items():
+                self.generator.draft_cost[name].ms = a.draft_ms
+            self.calibration = cal
+            self._on_calibration(cal)
+            item.done(cal)
+        except Exception as exc:  # keep serving: without a curve every step drafts k
+            log.exception("calibration failed")
+            item.done(exc)
 
     def _run(self, job: _Job) -> None:
         if time.monotonic() - job.enqueued > self.cfg.queue_timeout_s:
-            job.emit(Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
+            _safe_emit(job, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
             return
         if job.enqueued <= self._hand_over_before:  # asked to hand over while it waited
-            job.emit(Event([], finished=True, handed_over=True))
+            _safe_emit(job, Event([], finished=True, handed_over=True))
             return
         r = job.req
-        stream = self.generator.generate(
-            r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words
-        )
+        stream = self.generator.generate(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words)
         emitted = 0
         for tokens in stream:
             if job.is_cancelled():
                 break
-            job.emit(Event(tokens, stats=stream.stats))
+            if not _safe_emit(job, Event(tokens, stats=stream.stats)):
+                return  # the client went away: stop generating for it
             emitted += len(tokens)
             # Hand over only a request that still has work and room: the baseline continues from
             # prompt + emitted tokens (a finished one would run past its stop sequence).
@@ -107,6 +155,16 @@ class SpeculativeRunner:
                 and stream.finish_reason is None
                 and len(r.input_ids) + emitted + 1 < self.cfg.max_context
             ):
-                job.emit(Event([], finished=True, stats=stream.stats, handed_over=True))
+                _safe_emit(job, Event([], finished=True, stats=stream.stats, handed_over=True))
                 return
-        job.emit(Event([], finished=True, stats=stream.stats))
+        _safe_emit(job, Event([], finished=True, stats=stream.stats))
+
+
+def _safe_emit(job: _Job, ev: Event) -> bool:
+    """Send one event; a failing response stream ends that request only, never the worker thread."""
+    try:
+        job.emit(ev)
+        return True
+    except Exception:
+        log.warning("dropping a speculative request whose response stream failed", exc_info=True)
+        return False

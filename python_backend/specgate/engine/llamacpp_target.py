@@ -1,0 +1,245 @@
+"""`Target` over llama.cpp (llama-cpp-python's low-level API) and a GGUF file: the CPU default.
+
+llama.cpp brings the quantized kernels the GGUF was made for, and one decode can hold tokens of
+many sequences. Each slot is a llama.cpp sequence id.
+
+- Baseline (no trees): one stream of `max_context` cells per sequence (`kv_unified` off), so a
+  token attends over its own sequence only. One decode holds every running sequence's next token
+  and the prompt chunks of sequences that join.
+- Speculative (`tree_nodes > 0`): one unified cache. A draft tree is verified in one decode by
+  giving every root-to-leaf branch its own sequence id: a token belongs to the sequences of all
+  branches through it, and llama.cpp lets a token see a cached cell only if the cell carries the
+  token's (first) sequence id and an equal or lower position. With the prefix copied into every
+  branch sequence and nodes at position `root + depth`, each node sees exactly its ancestors.
+  `commit` keeps the accepted branch up to the accepted depth and removes the rest.
+
+Features for EAGLE are the per-token hidden states after the final norm, which llama.cpp returns
+next to the logits when embeddings are on (pooling none). With embeddings on, llama.cpp outputs
+every token of a decode, so they are switched on only for decodes whose features are wanted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specgate.engine.target import Target, TargetInfo
+from specgate.engine.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+N_BATCH = 512  # tokens per decode call; longer prompts are fed in chunks
+
+
+def _llama_cpp():  # imported lazily: the torch engine and the gate never need it
+    import llama_cpp
+
+    return llama_cpp
+
+
+_LOG_CALLBACK = None  # kept alive: llama.cpp calls it from C
+
+
+def _quiet_logs(L) -> None:  # type: ignore[no-untyped-def]
+    """Route llama.cpp's own log lines to logging at debug level (they go to stderr otherwise)."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = L.llama_log_callback(lambda level, text, _: log.debug(text.decode(errors="replace").rstrip()))
+        L.llama_log_set(_LOG_CALLBACK, None)
+        L.llama_backend_init()
+
+
+class LlamaCppTarget(Target):
+    def __init__(self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0) -> None:
+        L = self._L = _llama_cpp()
+        _quiet_logs(L)
+        self.gguf = Path(gguf)
+        self._model = L.llama_model_load_from_file(str(self.gguf).encode(), L.llama_model_default_params())
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {self.gguf}")
+        self.trees = tree_nodes > 0
+        cp = L.llama_context_default_params()
+        # a tree of N nodes has at most N leaves, each its own sequence id beside the slots
+        cp.n_seq_max = num_slots + (tree_nodes if self.trees else 0)
+        cp.kv_unified = self.trees
+        cells = max_context if self.trees else max_context * num_slots
+        cp.n_ctx = cells
+        cp.n_batch = cp.n_ubatch = N_BATCH
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.embeddings = False
+        # Flash attention skips masked cells, so cells freed after the accepted depth of a verified
+        # tree do not change later results (without it, any hole between cells changes rounding).
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {cells} cells")
+        self._mem = L.llama_get_memory(self._ctx)
+        self._embeddings_on = False
+        vocab = L.llama_model_get_vocab(self._model)
+        desc = ctypes.create_string_buffer(128)
+        L.llama_model_desc(self._model, desc, len(desc))
+        self.info = TargetInfo(
+            backend="llamacpp",
+            dtype=desc.value.decode().split()[-1],  # e.g. "llama 135M Q4_1" -> Q4_1
+            threads=threads,
+            vocab_size=L.llama_vocab_n_tokens(vocab),
+            hidden_size=L.llama_model_n_embd(self._model),
+            eos_token_id=L.llama_vocab_eos(vocab),
+            max_context=max_context,
+            num_slots=num_slots,
+        )
+        self._len: dict[int, int] = {}
+        self._verified: tuple[int, int, list[int], list[int]] | None = None  # slot, start, branch seqs, node -> branch
+        self._extra_seqs = list(range(num_slots, cp.n_seq_max))
+        self._batch = L.llama_batch_init(N_BATCH, 0, cp.n_seq_max)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(N_BATCH,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(N_BATCH,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(N_BATCH,))
+        self._out = np.ctypeslib.as_array(b.logits, shape=(N_BATCH,))
+        self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(cp.n_seq_max,)) for i in range(N_BATCH)]
+        self._tables: tuple[Tensor, Tensor] | None = None
+
+    def __del__(self) -> None:
+        L = getattr(self, "_L", None)
+        if L is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            L.llama_batch_free(self._batch)
+        if getattr(self, "_ctx", None):
+            L.llama_free(self._ctx)
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+
+    # -- one decode -------------------------------------------------------------------------------
+    def _decode(self, n: int, outputs: int, features: bool) -> tuple[Tensor, Tensor | None]:
+        """Decode the first `n` batch entries; (logits [outputs, V], hidden [outputs, D] or None)."""
+        L = self._L
+        if features != self._embeddings_on:
+            L.llama_set_embeddings(self._ctx, features)
+            self._embeddings_on = features
+        self._batch.n_tokens = n
+        rc = L.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}" + (" (no room in the KV cache)" if rc == 1 else ""))
+        # With embeddings on every token is an output; otherwise only the flagged ones, in batch order.
+        rows = n if features else outputs
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(rows, self.info.vocab_size))
+        logits_t = torch.from_numpy(logits[rows - outputs :].copy())
+        if not features:
+            return logits_t, None
+        hidden = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(rows, self.info.hidden_size))
+        return logits_t, torch.from_numpy(hidden.copy())
+
+    def _put(self, i: int, token: int, pos: int, seqs: Sequence[int], output: bool) -> None:
+        self._tok[i], self._pos[i], self._out[i] = token, pos, output
+        self._nseq[i] = len(seqs)
+        self._seq[i][: len(seqs)] = seqs
+
+    # -- Target -----------------------------------------------------------------------------------
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
+        total = sum(len(t) for _, t in items)
+        if total > N_BATCH:
+            raise ValueError(f"one step holds at most {N_BATCH} tokens, got {total}")
+        i = 0
+        for slot, tokens in items:
+            start = self._len.setdefault(slot, 0)
+            for j, tok in enumerate(tokens):
+                self._put(i, tok, start + j, (slot,), j == len(tokens) - 1)
+                i += 1
+            self._len[slot] = start + len(tokens)
+        return self._decode(i, len(items), features=False)[0]
+
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+        base = self._len.setdefault(slot, 0)
+        hidden: list[Tensor] = []
+        logits = torch.empty(0)
+        for start in range(0, len(tokens), N_BATCH):
+            chunk = tokens[start : start + N_BATCH]
+            for j, tok in enumerate(chunk):
+                self._put(j, tok, base + start + j, (slot,), j == len(chunk) - 1)
+            out, h = self._decode(len(chunk), 1, features)
+            logits = out[-1]
+            if h is not None:
+                hidden.append(h)
+        self._len[slot] = base + len(tokens)
+        return logits, torch.cat(hidden) if features else None
+
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
+        start = self._len[slot]
+        branches = tree.branches()  # one per leaf: the node ids from the root's child to the leaf
+        seqs = [slot] + self._extra_seqs[: max(0, len(branches) - 1)]
+        if len(seqs) < len(branches):
+            raise ValueError(f"a tree with {len(branches)} leaves needs more sequence ids than this target has (tree_nodes)")
+        for s in seqs[1:]:  # every branch sees the whole prefix
+            self._L.llama_memory_seq_cp(self._mem, slot, s, -1, -1)
+        member: list[list[int]] = [[] for _ in range(len(tree))]
+        for b, nodes in enumerate(branches):
+            for node in nodes:
+                member[node].append(seqs[b])
+        self._put(0, root, start, seqs, True)
+        # Depth-first, first child first: cells are taken in batch order, so a path of first children
+        # (each node's most likely candidate) gets consecutive cells and the cache after `commit` is
+        # laid out exactly as after decoding that path as a chain (a hole between cells changes the
+        # attention's rounding).
+        order = tree.depth_first()
+        depth, tokens = tree.depth.tolist(), tree.tokens.tolist()
+        for row, i in enumerate(order, start=1):
+            self._put(row, tokens[i], start + depth[i], member[i], True)
+        self._verified = (slot, start, seqs, [m[0] for m in member])
+        logits, hidden = self._decode(1 + len(tree), 1 + len(tree), features)
+        back = [0] * (1 + len(tree))  # (root, nodes) -> batch row
+        for row, i in enumerate(order, start=1):
+            back[1 + i] = row
+        return logits[back], None if hidden is None else hidden[back]
+
+    def commit(self, slot: int, keep: Sequence[int]) -> None:
+        if self._verified is None or self._verified[0] != slot or not keep or keep[0] != 0:
+            raise ValueError("commit must follow verify on the same slot and keep the root first")
+        _, start, seqs, first_branch = self._verified
+        self._verified = None
+        L, mem = self._L, self._mem
+        # the accepted path lies on the branch that the deepest accepted node names first
+        best = first_branch[keep[-1] - 1] if len(keep) > 1 else slot
+        for s in seqs:
+            if s != best:
+                L.llama_memory_seq_rm(mem, s, -1, -1)
+        L.llama_memory_seq_rm(mem, best, start + len(keep), -1)  # the branch below the accepted depth
+        if best != slot:
+            L.llama_memory_seq_cp(mem, best, slot, -1, -1)
+            L.llama_memory_seq_rm(mem, best, -1, -1)
+        self._len[slot] = start + len(keep)
+
+    def truncate(self, slot: int, length: int) -> None:
+        if length < self._len.get(slot, 0):
+            self._L.llama_memory_seq_rm(self._mem, slot, length, -1)
+            self._len[slot] = length
+
+    def release(self, slot: int) -> None:
+        self._L.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        self._len.pop(slot, None)
+
+    def length(self, slot: int) -> int:
+        return self._len.get(slot, 0)
+
+    def embeddings(self) -> tuple[Tensor, Tensor]:
+        """The GGUF's token embedding and output tables, dequantized (the output is the embedding when tied)."""
+        if self._tables is None:
+            from gguf import GGUFReader
+            from gguf.quants import dequantize
+
+            tensors = {t.name: t for t in GGUFReader(self.gguf).tensors}
+
+            def table(name: str) -> Tensor:
+                t = tensors[name]
+                return torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+
+            embed = table("token_embd.weight")
+            self._tables = (embed, table("output.weight") if "output.weight" in tensors else embed)
+        return self._tables

@@ -1,0 +1,78 @@
+"""The target model behind both runners: a causal LM with a KV cache of `num_slots` sequences.
+
+Two implementations speak this interface:
+- `LlamaCppTarget` (engine/llamacpp_target.py): llama.cpp over the GGUF, the CPU default;
+- `TorchTarget` (engine/torch_target.py): the PyTorch engine, the exact fp32 reference.
+
+The batching runner calls `forward` (each sequence's next token, or a prompt chunk); the speculative
+generator calls `prefill`, `verify` (root + a draft tree in one pass) and `commit` (keep the accepted
+path); a draft model runs as a second target through `extend` and `truncate`. Rows come back as float32 torch tensors on the CPU, so sampling and verification are the
+same code for both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from specgate.engine.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    backend: str  # "llamacpp" | "torch"
+    dtype: str  # what the weights compute in, e.g. "Q4_1" or "float32"
+    threads: int
+    vocab_size: int
+    hidden_size: int
+    eos_token_id: int
+    max_context: int  # tokens per sequence, draft tree included
+    num_slots: int
+
+
+class Target(ABC):
+    info: TargetInfo
+
+    @abstractmethod
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
+        """Append each item's tokens to its slot's cache; logits [len(items), V] after each item's last token."""
+
+    @abstractmethod
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+        """Append `tokens` (any number) to the slot: (logits after the last one [V], hidden states [T, D] if asked)."""
+
+    def prefill(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+        """Start `slot` afresh from `tokens` (see `extend`)."""
+        self.release(slot)
+        return self.extend(slot, tokens, features)
+
+    @abstractmethod
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
+        """Run the root and the tree's nodes in one pass, each node seeing only its ancestors.
+
+        Returns logits [1+N, V] and, if asked, hidden states [1+N, D] for (root, nodes). The cache
+        holds all of them until `commit` keeps the accepted ones.
+        """
+
+    @abstractmethod
+    def commit(self, slot: int, keep: Sequence[int]) -> None:
+        """After `verify`: keep rows `keep` (0 = the root, then accepted nodes, a root-to-leaf path)."""
+
+    @abstractmethod
+    def truncate(self, slot: int, length: int) -> None:
+        """Drop the slot's cached tokens from `length` on (a draft model rolls back rejected drafts)."""
+
+    @abstractmethod
+    def release(self, slot: int) -> None:
+        """Forget the slot's sequence; the slot can start a new one."""
+
+    @abstractmethod
+    def length(self, slot: int) -> int:
+        """Tokens cached for the slot."""
+
+    @abstractmethod
+    def embeddings(self) -> tuple[Tensor, Tensor]:
+        """(input embedding table [V, D], output projection [V, D]) as float32: the EAGLE head shares them."""
