@@ -42,3 +42,33 @@ def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: in
     RESULTS.mkdir(exist_ok=True)
     with running(repo, ports, log):
         yield ports
+
+
+def machine_record() -> dict:
+    """What decides the speed of this run: CPU model and ISA flags, and the instruction sets the two
+    runtimes were built or capped to (llama.cpp's build; PyTorch's ATen and oneDNN caps)."""
+    import os
+
+    import torch
+
+    from specgate.engine.machine import machine
+
+    m = machine()
+    record = {"cpu": m.cpu_model, "cores": m.cores, "isa": m.isa, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    record["onednn_max_isa"] = os.environ.get("ONEDNN_MAX_CPU_ISA", "(not capped)")
+    try:
+        import llama_cpp
+
+        record["llama_cpp"] = llama_cpp.llama_print_system_info().decode().strip()
+    except ImportError:
+        record["llama_cpp"] = "not installed"
+    return record
+
+
+def machine_lines(record: dict) -> list[str]:
+    flags = " ".join(f for f, on in record["isa"].items() if on)
+    return [
+        f"- machine: {record['cpu']}, {record['cores']} cores; CPU flags: {flags}",
+        f"- llama.cpp build: {record['llama_cpp']}",
+        f"- PyTorch kernels: {record['torch_cpu_capability']}; oneDNN ISA cap: {record['onednn_max_isa']}",
+    ]

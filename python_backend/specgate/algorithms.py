@@ -6,7 +6,7 @@ the machine's cost curve says more does not pay. Requests above `max_k` are refu
 by the engine alike.
 
 `prior_acceptance` is the per-position acceptance a request starts from before its own drafts are
-verified (speculative/budget.py): a property of the model and drafter, not of the machine. The values
+verified (specgate/goodput.py): a property of the model and drafter, not of the machine. The values
 come from `make bench-engine` accepted-per-step figures (docs/speculative.md, "Priors").
 """
 

@@ -29,7 +29,7 @@ def _parse(path: Path) -> model_config_pb2.ModelConfig:
 def _render_cpu(out: Path) -> dict[str, model_config_pb2.ModelConfig]:
     values = {
         "tokenizer_dir": "/tok", "max_input_len": "2047", "max_output_len": "1024", "end_id": "2",
-        "policy_path": "/policy.yaml", "text_instances": "2", "engine_max_batch_size": "8",
+        "policy_path": "/policy.yaml", "calibration_path": "/calibration.json", "text_instances": "2", "engine_max_batch_size": "8",
         "engine_extra_parameters": "", "engine_extensions": "true", **engine_tensor_values(with_extensions=True),
     }  # fmt: skip
     per_model = {e: {"engine_config": f"/{e}.json"} for e in ENGINES}

@@ -177,7 +177,8 @@ class LlamaCppTarget(Target):
         seqs = [slot] + self._extra_seqs[: max(0, len(branches) - 1)]
         if len(seqs) < len(branches):
             raise ValueError(f"a tree with {len(branches)} leaves needs more sequence ids than this target has (tree_nodes)")
-        for s in seqs[1:]:  # every branch sees the whole prefix
+        for s in seqs[1:]:  # every branch sees the whole prefix (and nothing left from an earlier tree)
+            self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
             self._L.llama_memory_seq_cp(self._mem, slot, s, -1, -1)
         member: list[list[int]] = [[] for _ in range(len(tree))]
         for b, nodes in enumerate(branches):
@@ -224,6 +225,10 @@ class LlamaCppTarget(Target):
     def release(self, slot: int) -> None:
         self._L.llama_memory_seq_rm(self._mem, slot, -1, -1)
         self._len.pop(slot, None)
+        if self._verified is not None and self._verified[0] == slot:  # a tree verified but never committed
+            for s in self._verified[2][1:]:
+                self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
+            self._verified = None
 
     def length(self, slot: int) -> int:
         return self._len.get(slot, 0)

@@ -17,13 +17,13 @@ import numpy as np
 from specgate.algorithms import ALGORITHMS
 from specgate.contract import PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, VERIFY_COST_METRIC
 from specgate.engine.config import EngineConfig
-from specgate.engine.cost_curve import CostCurve
+from specgate.goodput import CostCurve
 from specgate.engine.loading import load_target
 from specgate.engine.machine import machine
 from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.sampling import SamplingParams
 from specgate.engine.target import Target
-from specgate.speculative.calibration import Calibration
+from specgate.calibration import Calibration
 from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput

@@ -1,7 +1,7 @@
 """The speculative generation loop for one sequence at a time (target slot 0).
 
     prefill -> root token
-    loop: choose the step's draft budget (speculative/budget.py; fixed k without a cost curve)
+    loop: choose the step's draft budget (specgate/goodput.py; fixed k without a cost curve)
           the drafter proposes a tree of at most that many nodes under the root
           one target pass over (root, tree), each node seeing only its ancestors
           verify -> accepted path + bonus token; the target keeps the accepted path
@@ -19,12 +19,12 @@ import torch
 from torch import Tensor
 
 from specgate.algorithms import ALGORITHMS, check_k
-from specgate.engine.cost_curve import CostCurve
+
 from specgate.engine.request import hits_stop
 from specgate.engine.sampling import SamplingParams, sample_token, warp
 from specgate.engine.target import Target
 from specgate.engine.tree import DraftTree
-from specgate.speculative.budget import Acceptance, DraftCost, choose_budget
+from specgate.goodput import Acceptance, CostCurve, DraftCost, choose_budget
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
 from specgate.stats import SpecStats

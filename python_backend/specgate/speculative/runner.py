@@ -4,7 +4,7 @@ Speculation already spends the spare compute of a step on draft tokens, so like 
 draft-target BLS flow this engine does not batch; `queue_depth` lets the gate's load rule send
 overflow to the batched baseline instead.
 
-The worker also owns calibration (speculative/calibration.py): at start, and again whenever
+The worker also owns calibration (speculative/calibrate.py): at start, and again whenever
 `recalibrate` is called, it measures the machine between requests and publishes the result.
 """
 
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from specgate.algorithms import check_k
 from specgate.engine.config import EngineConfig
-from specgate.engine.cost_curve import CostCurve
+from specgate.goodput import CostCurve
 from specgate.engine.request import Event, GenerationRequest, check_prompt
 from specgate.engine.runner import QueueFull
 from specgate.engine.target import Target
-from specgate.speculative.calibration import Calibration, calibrate
+from specgate.calibration import Calibration
+from specgate.speculative.calibrate import calibrate
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.generator import SpeculativeGenerator
 

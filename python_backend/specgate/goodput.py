@@ -1,4 +1,9 @@
-"""How much to draft each step: the budget that maximises expected tokens per second (goodput).
+"""Expected tokens per second of drafting: the cost curve, acceptance, and the choices made on them.
+
+Shared by the speculative engine (each step's budget) and the gate (route, algorithm, breaker
+thresholds), so the two decide with the same arithmetic. No torch here: the gate imports it.
+
+How much to draft each step: the budget that maximises expected tokens per second (goodput).
 
 For a budget of n draft nodes (a chain of n tokens, or a tree of n nodes):
 
@@ -20,11 +25,52 @@ is drafted at all.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
-from specgate.engine.cost_curve import CostCurve
+from pydantic import BaseModel, Field, model_validator
 
 PRIOR_WEIGHT = 8.0  # how many observed positions the prior counts as
+
+
+class CostCurve(BaseModel):
+    """Median milliseconds per decode of `tokens[i]` tokens, at `context` cached tokens."""
+
+    tokens: list[int] = Field(min_length=1)
+    ms: list[float] = Field(min_length=1)
+    context: int = 0
+    measured: bool = True  # False: injected (tests, or an operator's override)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "CostCurve":
+        if len(self.tokens) != len(self.ms) or self.tokens != sorted(set(self.tokens)) or self.tokens[0] != 1:
+            raise ValueError("a cost curve needs increasing token counts starting at 1, one time each")
+        if any(m <= 0 for m in self.ms):
+            raise ValueError("cost curve times must be positive")
+        return self
+
+    def cost(self, t: int) -> float:
+        """Milliseconds for a decode of `t` tokens: piecewise linear, extended linearly past the last point."""
+        xs, ys = self.tokens, self.ms
+        if len(xs) == 1:  # one point: assume every token costs the same
+            return ys[0] * max(t, 1)
+        if t <= 1:
+            return ys[0]
+        i = min(bisect.bisect_left(xs, t), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+
+    def ratio(self, t: int) -> float:
+        return self.cost(t) / self.cost(1)
+
+    def table(self) -> str:
+        return " ".join(f"{t}:{m:.1f}ms({m / self.ms[0]:.2f}x)" for t, m in zip(self.tokens, self.ms))
+
+    @classmethod
+    def of_ratios(cls, ratios: dict[int, float], base_ms: float = 10.0) -> "CostCurve":
+        """An injected curve: cost(T) = base_ms * ratios[T]."""
+        tokens = sorted(ratios)
+        return cls(tokens=tokens, ms=[base_ms * ratios[t] for t in tokens], measured=False)
 
 
 @dataclass
@@ -100,21 +146,47 @@ def choose_budget(curve: CostCurve, acceptance: Acceptance, draft_ms: DraftCost,
     return best
 
 
-def expected_speedup(curve: CostCurve, acceptance_rate: float, draft_ms: DraftCost, max_budget: int) -> tuple[float, int]:
-    """(best speedup over plain decoding, its budget) if each drafted node is accepted at
-    `acceptance_rate` (accepted / drafted: what the gate's per-tenant EMA tracks)."""
+def _depth(n: int, max_depth: int | None) -> int:
+    return n if max_depth is None else min(n, max_depth)
+
+
+def expected_speedup(curve: CostCurve, draft_ms: DraftCost, alpha: float, max_budget: int, max_depth: int | None) -> tuple[float, int]:
+    """(best speedup over plain decoding when drafting, its budget) at per-position acceptance `alpha`.
+
+    Budgets 1..max_budget only: what drafting is expected to buy. The engine itself also has budget
+    0, a plain step, so a request it serves is not expected slower than plain decoding.
+    """
+    expected = Acceptance(prior=[alpha]).expected(_depth(max_budget, max_depth))
     base = curve.cost(1)
-    best, best_n = 1.0, 0
+    best, best_n = 0.0, 0
     for n in range(1, max_budget + 1):
-        speedup = base * (1.0 + acceptance_rate * n) / (curve.cost(n + 1) + draft_ms(n))
+        speedup = base * (1.0 + expected[_depth(n, max_depth)]) / (curve.cost(n + 1) + draft_ms(n))
         if speedup > best:
             best, best_n = speedup, n
     return best, best_n
 
 
-def break_even_rate(curve: CostCurve, draft_ms: DraftCost, max_budget: int) -> float | None:
-    """The lowest acceptance rate at which some budget beats plain decoding (None: none does, even at 1)."""
-    base = curve.cost(1)
-    rates = [(curve.cost(n + 1) + draft_ms(n) - base) / (n * base) for n in range(1, max_budget + 1)]
-    best = min(rates, default=None)
-    return None if best is None or best >= 1.0 else max(best, 0.0)
+def _bisect(f, target: float) -> float:  # noqa: ANN001
+    """x in [0, 1] with f(x) = target, for f increasing."""
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def break_even_alpha(curve: CostCurve, draft_ms: DraftCost, max_budget: int, max_depth: int | None) -> float | None:
+    """The per-position acceptance above which drafting pays (None: it does not pay even at 1)."""
+    if expected_speedup(curve, draft_ms, 1.0, max_budget, max_depth)[0] <= 1.0:
+        return None
+    return _bisect(lambda a: expected_speedup(curve, draft_ms, a, max_budget, max_depth)[0], 1.0)
+
+
+def rate_of_alpha(alpha: float, depth: int) -> float:
+    """accepted / drafted for a chain of `depth` at per-position acceptance `alpha` (what the gate's EMA tracks)."""
+    return Acceptance(prior=[alpha]).expected(depth)[-1] / depth
+
+
+def alpha_of_rate(rate: float, depth: int) -> float:
+    """The per-position acceptance whose chain of `depth` is accepted at `rate` (inverse of rate_of_alpha)."""
+    return _bisect(lambda a: rate_of_alpha(a, depth), min(max(rate, 0.0), 1.0))

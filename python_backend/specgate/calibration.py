@@ -1,0 +1,87 @@
+"""What spec_engine measured about its machine, as published for the gate (no torch: the gate reads it).
+
+- `curve`: the verification cost curve (engine/cost_curve.py measures it);
+- per algorithm: its drafting time (ms per node for chain drafters, per step for trees), and from
+  both the per-position acceptance at which drafting starts to pay (`break_even_alpha`).
+
+spec_engine writes it as JSON (`EngineConfig.calibration_path`) at load and whenever it is asked to
+measure again; the gate (gate/calibration.py) routes and sets its breaker thresholds from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from specgate.algorithms import ALGORITHMS
+from specgate.engine.machine import Machine
+from specgate.goodput import CostCurve, DraftCost, break_even_alpha, expected_speedup, rate_of_alpha
+
+
+class AlgorithmCalibration(BaseModel):
+    draft_ms: float  # per node (chain drafters) or per step (trees): see specgate.algorithms
+    break_even_alpha: float | None  # None: drafting does not pay even if every draft is accepted
+
+
+class Calibration(BaseModel):
+    machine: Machine
+    backend: str
+    dtype: str
+    threads: int
+    curve: CostCurve
+    algorithms: dict[str, AlgorithmCalibration]
+    measured_at: str
+
+    @classmethod
+    def build(cls, curve: CostCurve, draft_ms: dict[str, float], **info: object) -> "Calibration":
+        algos = {}
+        for name, ms in draft_ms.items():
+            spec = ALGORITHMS[name]
+            cost = DraftCost(per_node=spec.draft_cost_per_node, ms=ms)
+            algos[name] = AlgorithmCalibration(draft_ms=ms, break_even_alpha=break_even_alpha(curve, cost, spec.default_k, spec.max_depth))
+        return cls(curve=curve, algorithms=algos, **info)  # type: ignore[arg-type]
+
+    def draft_cost(self, algorithm: str) -> DraftCost:
+        return DraftCost(per_node=ALGORITHMS[algorithm].draft_cost_per_node, ms=self.algorithms[algorithm].draft_ms)
+
+    def speedup(self, algorithm: str, alpha: float, k: int | None = None) -> float:
+        """Expected speedup of drafting with `algorithm` (up to k nodes) at per-position acceptance alpha."""
+        spec = ALGORITHMS[algorithm]
+        return expected_speedup(self.curve, self.draft_cost(algorithm), alpha, k or spec.default_k, spec.max_depth)[0]
+
+    def break_even_rate(self, algorithm: str) -> float | None:
+        """The acceptance rate (accepted / drafted) below which `algorithm` stops paying."""
+        alpha = self.algorithms[algorithm].break_even_alpha
+        return None if alpha is None else rate_of_alpha(alpha, default_depth(algorithm))
+
+    def summary(self) -> str:
+        lines = [
+            f"calibration on {self.machine.line()}; {self.backend} {self.dtype}, {self.threads} threads",
+            f"  verify cost (tokens:ms): {self.curve.table()}" + ("" if self.curve.measured else " (injected)"),
+        ]
+        for name, a in self.algorithms.items():
+            spec = ALGORITHMS[name]
+            pays = "never pays" if a.break_even_alpha is None else f"pays above per-position acceptance {a.break_even_alpha:.2f}"
+            lines.append(
+                f"  {name}: drafting {a.draft_ms:.2f} ms/{'node' if spec.draft_cost_per_node else 'step'}; k={spec.default_k} {pays} "
+                f"(prior {spec.prior_acceptance:.2f}: {self.speedup(name, spec.prior_acceptance):.2f}x)"
+            )
+        return "\n".join(lines)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        os.replace(tmp, path)  # readers never see a half-written file
+
+    @classmethod
+    def load(cls, path: Path) -> "Calibration":
+        return cls.model_validate(json.loads(path.read_text()))
+
+
+def default_depth(algorithm: str) -> int:
+    """The deepest position a draft of the algorithm's default k reaches."""
+    spec = ALGORITHMS[algorithm]
+    return spec.default_k if spec.max_depth is None else min(spec.default_k, spec.max_depth)

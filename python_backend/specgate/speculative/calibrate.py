@@ -1,0 +1,63 @@
+"""Measuring spec_engine's machine at load: the cost curve and each drafter's drafting time.
+
+Drafting time is timed on a synthetic context so that it is known before the first request; the
+generator keeps refining it from the real drafts (DraftCost is an EMA).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+import time
+
+import torch
+
+from specgate.algorithms import ALGORITHMS
+from specgate.calibration import Calibration
+from specgate.engine.cost_curve import measure
+from specgate.engine.machine import machine
+from specgate.engine.sampling import SamplingParams
+from specgate.engine.target import Target
+from specgate.goodput import CostCurve
+from specgate.speculative.drafter import Drafter
+
+log = logging.getLogger(__name__)
+
+
+def time_drafter(target: Target, drafter: Drafter, k: int, context: int = 128, steps: int = 4, seed: int = 0) -> float:
+    """Median drafting time of `steps` proposals of k nodes on a random context: per node or per step."""
+    rng = random.Random(seed)
+    tokens = [rng.randrange(target.info.vocab_size) for _ in range(context)]
+    tokens += tokens[-16:]  # a repeated tail, so that prompt lookup finds something to propose
+    _, hidden = target.prefill(0, tokens[:-1], features=drafter.uses_features)
+    drafter.begin(tokens[:-1], SamplingParams(), torch.Generator().manual_seed(seed))
+    features = hidden if hidden is not None else torch.empty(0)
+    times = []
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            tree = drafter.propose(tokens, features, k)
+            elapsed = 1000 * (time.perf_counter() - start)
+            drafter.accept(tree, [])
+            # as after a step with nothing accepted: one more token, and (for EAGLE) one more feature
+            tokens.append(rng.randrange(target.info.vocab_size))
+            features = features[-1:]
+            times.append(elapsed / max(len(tree), 1) if ALGORITHMS[drafter.name].draft_cost_per_node else elapsed)
+    finally:
+        target.release(0)
+    return sorted(times)[len(times) // 2]
+
+
+def calibrate(target: Target, drafters: dict[str, Drafter], curve: CostCurve | None = None) -> Calibration:
+    """Measure the curve (unless one is injected) and every drafter's cost on `target` (slot 0, idle)."""
+    start = time.perf_counter()
+    curve = curve or measure(target, slot=0)
+    draft_ms = {name: time_drafter(target, d, ALGORITHMS[name].default_k) for name, d in drafters.items()}
+    info = target.info
+    cal = Calibration.build(
+        curve, draft_ms, machine=machine(), backend=info.backend, dtype=info.dtype, threads=info.threads,
+        measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )
+    log.info("%s (took %.1f s)", cal.summary(), time.perf_counter() - start)
+    return cal

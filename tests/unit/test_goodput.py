@@ -1,0 +1,63 @@
+"""The goodput arithmetic behind each step's draft budget and the gate's expected speedup."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgate.goodput import (
+    Acceptance,
+    CostCurve,
+    DraftCost,
+    alpha_of_rate,
+    break_even_alpha,
+    choose_budget,
+    expected_speedup,
+    rate_of_alpha,
+)
+
+LINEAR = CostCurve.of_ratios({t: float(t) for t in (1, 2, 4, 8, 16, 32)})  # T tokens cost T times one
+FLAT = CostCurve.of_ratios({1: 1.0, 32: 1.0})  # verification is free
+FREE = DraftCost(per_node=True)
+
+
+def test_curve_interpolates_and_extends_linearly() -> None:
+    c = CostCurve(tokens=[1, 2, 4], ms=[10.0, 12.0, 20.0])
+    assert c.cost(1) == 10.0 and c.cost(3) == 16.0 and c.cost(6) == 28.0  # past the last point: last slope
+    with pytest.raises(ValueError):
+        CostCurve(tokens=[2, 4], ms=[1.0, 2.0])  # must start at one token
+
+
+def test_acceptance_expected_tokens_and_shrinkage() -> None:
+    a = Acceptance(prior=[0.5])
+    assert a.expected(3) == pytest.approx([0.0, 0.5, 0.75, 0.875])
+    for _ in range(200):  # position 1 always accepted, position 2 never
+        a.record(depth=3, accepted=1)
+    assert a.rate(0) > 0.95 and a.rate(1) < 0.05
+    assert a.rate(2) == 0.5  # never tried: the prior
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9, 0.99])
+def test_linear_cost_drafts_nothing_and_flat_cost_drafts_everything(alpha: float) -> None:
+    acc = Acceptance(prior=[alpha])
+    assert choose_budget(LINEAR, acc, FREE, 16, None) == 0
+    assert choose_budget(FLAT, acc, FREE, 16, None) == 16
+    assert choose_budget(FLAT, acc, FREE, 13, 5) == 5  # a tree's nodes past its depth buy nothing here
+
+
+def test_budget_trades_acceptance_against_cost() -> None:
+    curve = CostCurve(tokens=[1, 2, 3, 4, 8], ms=[10.0, 15.0, 20.0, 25.0, 45.0])  # llama.cpp-like
+    assert choose_budget(curve, Acceptance(prior=[0.3]), FREE, 8, None) == 0
+    high = choose_budget(curve, Acceptance(prior=[0.9]), FREE, 8, None)
+    assert 1 <= high < 8
+    # drafting time counts like verification time
+    assert choose_budget(curve, Acceptance(prior=[0.9]), DraftCost(per_node=True, ms=20.0), 8, None) == 0
+
+
+def test_speedup_break_even_and_rate_conversions() -> None:
+    curve = CostCurve(tokens=[1, 2, 3, 4, 8], ms=[10.0, 15.0, 20.0, 25.0, 45.0])
+    be = break_even_alpha(curve, FREE, 5, None)
+    assert be is not None and 0.3 < be < 0.9
+    assert expected_speedup(curve, FREE, be + 0.01, 5, None)[0] > 1.0 > expected_speedup(curve, FREE, be - 0.01, 5, None)[0]
+    assert break_even_alpha(LINEAR, FREE, 5, None) is None  # never pays
+    for alpha in (0.2, 0.5, 0.8):
+        assert alpha_of_rate(rate_of_alpha(alpha, 5), 5) == pytest.approx(alpha, abs=1e-6)

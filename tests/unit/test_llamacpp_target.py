@@ -1,0 +1,149 @@
+"""The llama.cpp target: tree verification in one decode, the cache after commit, batching, features.
+
+Tolerances: a node's logits from one tree decode must equal those of decoding its path as a chain
+to within TOL (llama.cpp gives the same numbers here, so TOL only absorbs kernels that could round
+differently for another batch size). After `commit`, a path of first children continues exactly
+as the chain would; a path through a later sibling leaves holes between its cache cells, which
+only changes the attention's summation order: within HOLE_TOL, and never enough to flip a greedy
+token whose top-2 gap is wider.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specgate.engine.llamacpp_target import LlamaCppTarget
+from specgate.engine.tree import DraftTree
+
+TOL = 1e-3
+HOLE_TOL = 1.5
+MAX_CONTEXT = 512
+
+# root -> a, b; a -> c, d; c -> e; b -> f   (node ids 0..5 = a b c d e f)
+PARENTS = [-1, -1, 0, 0, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def tree_target(gguf) -> LlamaCppTarget:  # noqa: ANN001
+    return LlamaCppTarget(gguf, MAX_CONTEXT, num_slots=1, threads=2, tree_nodes=16)
+
+
+@pytest.fixture(scope="module")
+def chain_target(gguf) -> LlamaCppTarget:  # noqa: ANN001
+    return LlamaCppTarget(gguf, MAX_CONTEXT, num_slots=1, threads=2)
+
+
+@pytest.fixture(scope="module")
+def case() -> tuple[list[int], int, DraftTree]:
+    rng = random.Random(0)
+    prompt = [rng.randrange(100, 40000) for _ in range(40)]
+    tree = DraftTree(torch.tensor([rng.randrange(100, 40000) for _ in PARENTS]), torch.tensor(PARENTS))
+    return prompt, 1234, tree
+
+
+def _path(tree: DraftTree, node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = int(tree.parents[node])
+    return out[::-1]
+
+
+def _chain_logits(target: LlamaCppTarget, prompt: list[int], root: int, tokens: list[int]) -> torch.Tensor:
+    target.prefill(0, prompt, features=False)
+    logits, _ = target.verify(0, root, DraftTree.chain(tokens), features=False)
+    target.release(0)
+    return logits
+
+
+def test_every_node_sees_exactly_its_ancestors(tree_target, chain_target, case) -> None:  # noqa: ANN001
+    prompt, root, tree = case
+    tree_target.prefill(0, prompt, features=False)
+    logits, _ = tree_target.verify(0, root, tree, features=False)
+    tree_target.release(0)
+    for node in range(len(tree)):
+        path = _path(tree, node)
+        ref = _chain_logits(chain_target, prompt, root, tree.tokens[path].tolist())
+        assert (logits[1 + node] - ref[-1]).abs().max() < TOL, f"node {node} (path {path})"
+    assert (logits[0] - ref[0]).abs().max() < TOL  # the root sees the prompt only
+
+
+def test_a_wrong_sequence_assignment_is_detected(tree_target, chain_target, case, monkeypatch) -> None:  # noqa: ANN001
+    """The check above fails if nodes are put into the wrong sequences: here b's branch also holds a,
+    so b and f see their uncle a (a batch llama.cpp accepts: positions stay consecutive per sequence)."""
+    prompt, root, tree = case
+    assert tree.branches() == [[0, 3], [0, 2, 4], [1, 5]]
+    original = DraftTree.branches
+    monkeypatch.setattr(DraftTree, "branches", lambda self: [[0, 3], [0, 2, 4], [0, 1, 5]] if self is tree else original(self))
+    tree_target.prefill(0, prompt, features=False)
+    logits, _ = tree_target.verify(0, root, tree, features=False)
+    tree_target.release(0)
+    worst = max(
+        (logits[1 + n] - _chain_logits(chain_target, prompt, root, tree.tokens[_path(tree, n)].tolist())[-1]).abs().max().item()
+        for n in range(len(tree))
+    )
+    assert worst > 1.0
+
+
+@pytest.mark.parametrize(("keep", "exact"), [([0], True), ([0, 1], True), ([0, 1, 3, 5], True), ([0, 2, 6], False), ([0, 1, 4], False)])
+def test_commit_keeps_the_accepted_path(tree_target, chain_target, case, keep: list[int], exact: bool) -> None:  # noqa: ANN001
+    """After commit the cache holds prompt + root + accepted nodes: the next token's logits match a
+    chain decode of that path (exactly for first children, see the module doc otherwise)."""
+    prompt, root, tree = case
+    nxt = 777
+    tree_target.prefill(0, prompt, features=False)
+    tree_target.verify(0, root, tree, features=False)
+    tree_target.commit(0, keep)
+    assert tree_target.length(0) == len(prompt) + len(keep)
+    after, _ = tree_target.verify(0, nxt, DraftTree.empty(), features=False)
+    tree_target.release(0)
+    path = [tree.tokens[r - 1].item() for r in keep[1:]]
+    chain_target.prefill(0, prompt, features=False)
+    chain_target.verify(0, root, DraftTree.chain(path), features=False)
+    chain_target.commit(0, list(range(len(keep))))
+    ref, _ = chain_target.verify(0, nxt, DraftTree.empty(), features=False)
+    chain_target.release(0)
+    diff = (after[0] - ref[0]).abs().max().item()
+    assert diff == 0.0 if exact else diff < HOLE_TOL
+
+
+def test_batched_forward_matches_each_sequence_alone(gguf) -> None:  # noqa: ANN001
+    """One decode holding several sequences (and a joining prompt) gives each the logits it gets alone."""
+    batched = LlamaCppTarget(gguf, 256, num_slots=4, threads=2)
+    alone = LlamaCppTarget(gguf, 256, num_slots=1, threads=2)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (12, 30, 7)]
+    ref = []
+    for p in prompts:
+        ref.append(alone.forward([(0, p)])[0])
+        ref.append(alone.forward([(0, [42])])[0])
+        alone.release(0)
+    first = batched.forward([(0, prompts[0]), (1, prompts[1])])
+    second = batched.forward([(0, [42]), (1, [42]), (2, prompts[2])])
+    third = batched.forward([(2, [42])])
+    got = [first[0], second[0], first[1], second[1], second[2], third[0]]
+    for g, r in zip(got, ref):
+        assert (g - r).abs().max() < TOL
+
+
+def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa: ANN001
+    """llama.cpp's per-token embeddings (pooling none) are the final-norm hidden states the EAGLE head
+    was trained on: close to the PyTorch reference's on the same weights (llama.cpp multiplies with
+    8-bit activations), and projected on the output table they give llama.cpp's own logits (to the
+    rounding of its 8-bit output matmul)."""
+    from specgate.engine.torch_target import TorchTarget
+
+    rng = random.Random(2)
+    prompt = [rng.randrange(100, 40000) for _ in range(24)]
+    target = LlamaCppTarget(gguf, 128, num_slots=1, threads=2)
+    logits, hidden = target.prefill(0, prompt, features=True)
+    reference = TorchTarget.load(checkpoint, torch.float32, 128, 1)
+    _, ref_hidden = reference.prefill(0, prompt, features=True)
+    cos = torch.nn.functional.cosine_similarity(hidden, ref_hidden, dim=-1)
+    assert hidden.shape == ref_hidden.shape and cos.min() > 0.99
+    _, lm_head = target.embeddings()
+    implied = hidden[-1] @ lm_head.T
+    assert (implied - logits).abs().max() < 0.5 and implied.argmax() == logits.argmax()
