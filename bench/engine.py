@@ -200,8 +200,8 @@ def main() -> None:
     runner = BatchRunner(load_target(cfg, model, num_slots=1), cfg)
     cal = calibrate(target, drafters)
     gen = SpeculativeGenerator(target, drafters, cal.curve)
-    for name, a in cal.algorithms.items():
-        gen.draft_cost[name].ms = a.draft_ms
+    for name in cal.algorithms:
+        gen.draft_cost[name] = cal.draft_cost(name)
     curves = {f"{args.backend} (served)": cal.curve, **other_curve(args)}
     gate = Gate(POLICY, calibration=cal)
     peer = Peer(GGUF, MAX_LEN, cfg.threads) if args.backend == "llamacpp" else None

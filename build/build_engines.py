@@ -60,7 +60,7 @@ def build_cpu(args: argparse.Namespace) -> None:
         # for requests that name no algorithm: the fastest measured (docs/speculative.md)
         "default_algorithm": "hybrid" if has_head else "ngram",
         "calibration_path": str(calibration),
-        "cost_curve": json.loads(args.cost_curve) if args.cost_curve else None,
+        "calibration_override": json.loads(args.calibration_override) if args.calibration_override else None,
     })
     spec_cfg = eng_dir / "spec_engine.json"
     spec_cfg.write_text(spec.model_dump_json(indent=2))
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="compute threads per engine (0: one per core for llama.cpp, the launcher's setting for torch)")
-    ap.add_argument("--cost-curve", default=None, help='JSON {tokens: cost ratio} for spec_engine instead of measuring (tests)')
+    ap.add_argument("--calibration-override", default=None, help="JSON of specgate.calibration.CalibrationOverride: measurements spec_engine pins (tests)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)
     args = ap.parse_args()

@@ -1,9 +1,14 @@
 """Shared fixtures. Integration tests run against ONE real tritonserver per session, started here on
-ports 18000-18002 (so a `make serve` on the default ports can keep running) with an fp32 repository,
-because token-identity checks need fp32 (bf16 argmax can flip between batch shapes)."""
+ports 18000-18002 (so a `make serve` on the default ports can keep running), on the default engine
+(llama.cpp) with the EAGLE head in fp32.
+
+Its spec_engine's calibration is pinned to a flat cost curve (verification free at any size) and
+free drafting, so every step drafts the request's full k, as the serving behaviour these tests check
+needs; test_calibration.py swaps measurements through the control message and puts these back."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from specgate.algorithms import SPEC_ALGORITHMS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
@@ -20,6 +27,7 @@ DRAFT_GGUF = GGUF.with_name("SmolLM2-135M-Instruct.Q4_1.draft-4L.gguf")  # writt
 HEAD = ROOT / "heads" / "smollm2-135m-eagle"  # the shipped EAGLE head
 TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
+FREE_DRAFTING = json.dumps({"cost_ratios": {"1": 1.0, "32": 1.0}, "draft_ms": {a: 0.0 for a in SPEC_ALGORITHMS}})
 
 
 def require_checkpoint() -> Path:
@@ -48,7 +56,8 @@ def server(checkpoint: Path):
     TEST_OUT.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit this copy live
     subprocess.run(
-        [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT), "--policy", str(TEST_POLICY)],
+        [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT), "--policy", str(TEST_POLICY),
+         "--calibration-override", FREE_DRAFTING],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))

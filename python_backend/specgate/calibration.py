@@ -14,15 +14,27 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from specgate.algorithms import ALGORITHMS
 from specgate.engine.machine import Machine
 from specgate.goodput import CostCurve, DraftCost, break_even_alpha, expected_speedup, rate_of_alpha
 
 
+class CalibrationOverride(BaseModel):
+    """Pinned measurements, for tests or an operator who distrusts a measurement: the curve's shape
+    as cost ratios {tokens: cost(T)/cost(1)} (its scale, the one-token time, is still measured, since
+    drafting times are real milliseconds), and drafting times by algorithm."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cost_ratios: dict[int, float] | None = None
+    draft_ms: dict[str, float] = {}
+
+
 class AlgorithmCalibration(BaseModel):
     draft_ms: float  # per node (chain drafters) or per step (trees): see specgate.algorithms
+    pinned: bool = False  # draft_ms came from an override, not a measurement
     break_even_alpha: float | None  # None: drafting does not pay even if every draft is accepted
 
 
@@ -36,16 +48,19 @@ class Calibration(BaseModel):
     measured_at: str
 
     @classmethod
-    def build(cls, curve: CostCurve, draft_ms: dict[str, float], **info: object) -> "Calibration":
+    def build(cls, curve: CostCurve, draft_ms: dict[str, float], pinned: set[str], **info: object) -> "Calibration":
         algos = {}
         for name, ms in draft_ms.items():
             spec = ALGORITHMS[name]
             cost = DraftCost(per_node=spec.draft_cost_per_node, ms=ms)
-            algos[name] = AlgorithmCalibration(draft_ms=ms, break_even_alpha=break_even_alpha(curve, cost, spec.default_k, spec.max_depth))
+            algos[name] = AlgorithmCalibration(
+                draft_ms=ms, pinned=name in pinned, break_even_alpha=break_even_alpha(curve, cost, spec.default_k, spec.max_depth)
+            )
         return cls(curve=curve, algorithms=algos, **info)  # type: ignore[arg-type]
 
     def draft_cost(self, algorithm: str) -> DraftCost:
-        return DraftCost(per_node=ALGORITHMS[algorithm].draft_cost_per_node, ms=self.algorithms[algorithm].draft_ms)
+        a = self.algorithms[algorithm]
+        return DraftCost(per_node=ALGORITHMS[algorithm].draft_cost_per_node, ms=a.draft_ms, pinned=a.pinned)
 
     def speedup(self, algorithm: str, alpha: float, k: int | None = None) -> float:
         """Expected speedup of drafting with `algorithm` (up to k nodes) at per-position acceptance alpha."""

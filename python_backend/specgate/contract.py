@@ -116,8 +116,8 @@ PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
 # A request carrying this parameter is a control message, not a generation: spec_engine ends every
 # request submitted before it at the next step, with `handed_over` set, and answers at once.
 PARAM_HAND_OVER = "specgate_hand_over"
-# Control message for spec_engine: measure the machine again (value "" or true), or use the given
-# cost ratios (a JSON object {tokens: cost(T)/cost(1)}); answered once the new calibration is in force.
+# Control message for spec_engine: measure the machine again (value "" or true), or pin some
+# measurements (a JSON specgate.calibration.CalibrationOverride); answered once it is in force.
 PARAM_CALIBRATE = "specgate_calibrate"
 # spec_engine's gauge of its measured verification cost curve, label `tokens`.
 VERIFY_COST_METRIC = "spec_decode_verification_cost_seconds"

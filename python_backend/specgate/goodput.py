@@ -123,9 +123,10 @@ class DraftCost:
     per_node: bool
     ms: float = 0.0  # EMA: ms per node, or ms per step
     weight: float = 0.2
+    pinned: bool = False  # set by a calibration override: drafts do not update it
 
     def record(self, elapsed_ms: float, nodes: int) -> None:
-        if nodes <= 0:
+        if nodes <= 0 or self.pinned:
             return
         sample = elapsed_ms / nodes if self.per_node else elapsed_ms
         self.ms = sample if self.ms == 0.0 else (1 - self.weight) * self.ms + self.weight * sample
@@ -135,13 +136,19 @@ class DraftCost:
 
 
 def choose_budget(curve: CostCurve, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, max_depth: int | None) -> int:
-    """The budget in [0, max_budget] with the highest expected goodput (ties go to the smaller one)."""
+    """The budget in [0, max_budget] with the highest expected goodput.
+
+    A tie between drafting budgets goes to the larger one: a tree's nodes past its depth add
+    candidates at each depth, which this model does not credit, and they cost nothing when the curve
+    says so. Drafting at all must pay strictly more than a plain step.
+    """
     depth_of = (lambda n: n) if max_depth is None else (lambda n: min(n, max_depth))
     expected = acceptance.expected(depth_of(max_budget))
-    best, best_goodput = 0, 1.0 / curve.cost(1)
+    plain = 1.0 / curve.cost(1)
+    best, best_goodput = 0, plain
     for n in range(1, max_budget + 1):
         goodput = (1.0 + expected[depth_of(n)]) / (curve.cost(n + 1) + draft_ms(n))
-        if goodput > best_goodput * (1 + 1e-9):
+        if goodput > plain * (1 + 1e-9) and goodput >= best_goodput * (1 - 1e-9):
             best, best_goodput = n, goodput
     return best
 

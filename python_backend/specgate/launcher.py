@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Iterator
 
 import urllib.request
+
+from specgate.engine.compute_lock import ENV as ENV_COMPUTE_LOCK
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_PATTERN = "x-.*"
@@ -78,6 +81,8 @@ def server_env() -> dict[str, str]:
     # No OMP_WAIT_POLICY=PASSIVE: llama.cpp synchronises its threads with OpenMP barriers many times
     # per decode, and passive (sleeping) waits made a decode step 2.7x slower (10.4 -> 28 ms).
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Engines of this machine take turns per decode (engine/compute_lock.py).
+    env.setdefault(ENV_COMPUTE_LOCK, str(Path(tempfile.gettempdir()) / "specgate-compute.lock"))
     return env
 
 

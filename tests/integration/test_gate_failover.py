@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +14,7 @@ import requests
 
 from loadtest.metrics import delta, scrape
 from specgate.client import GenerateParams, collect
+from tests.integration.stubs import stub_pids
 
 PROMPTS = [
     "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river.",
@@ -29,11 +29,6 @@ KEY = "tenant-failover"
 def _repo(http, action: str, model: str = "spec_engine") -> None:
     r = requests.post(f"{http.base}/v2/repository/models/{model}/{action}", timeout=300)
     assert r.status_code == 200, r.text
-
-
-def _stub_pids(model: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"triton_python_backend_stub.*/{model}/"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def _run_concurrently(http, grpc, during) -> list[tuple[str, str, str]]:
@@ -58,7 +53,7 @@ def test_spec_engine_killed_or_unloaded_loses_no_request(http, grpc, server):
     try:
         # 1. kill the engine's process mid-stream: requests continue on the baseline
         def kill() -> None:
-            pids = _stub_pids("spec_engine")
+            pids = stub_pids("spec_engine")
             assert pids, "spec_engine stub process not found"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)

@@ -41,7 +41,7 @@ def test_linear_cost_drafts_nothing_and_flat_cost_drafts_everything(alpha: float
     acc = Acceptance(prior=[alpha])
     assert choose_budget(LINEAR, acc, FREE, 16, None) == 0
     assert choose_budget(FLAT, acc, FREE, 16, None) == 16
-    assert choose_budget(FLAT, acc, FREE, 13, 5) == 5  # a tree's nodes past its depth buy nothing here
+    assert choose_budget(FLAT, acc, FREE, 13, 5) == 13  # a tree's nodes past its depth are free here
 
 
 def test_budget_trades_acceptance_against_cost() -> None:

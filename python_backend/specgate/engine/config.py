@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, Field, model_validator
 
+from specgate.calibration import CalibrationOverride
 from specgate.engine.machine import machine
 
 Backend = Literal["llamacpp", "torch"]
@@ -29,8 +30,8 @@ class EngineConfig(BaseModel):
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")
     eagle_head_dir: Path | None = None
     default_algorithm: str = "ngram"
-    # Cost ratios cost(T)/cost(1) to use instead of measuring at load (tests, or an operator's override).
-    cost_curve: dict[int, float] | None = None
+    # Measurements spec_engine pins instead of taking (tests, or an operator): specgate.calibration.
+    calibration_override: CalibrationOverride | None = None
     # Where spec_engine writes its calibration (cost curve, break-even rates) for the gate to read.
     calibration_path: Path | None = None
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specgate.engine.compute_lock import compute_lock
 from specgate.engine.target import Target, TargetInfo
 from specgate.engine.tree import DraftTree
 
@@ -81,6 +82,7 @@ class LlamaCppTarget(Target):
             raise RuntimeError(f"llama.cpp could not create a context of {cells} cells")
         self._mem = L.llama_get_memory(self._ctx)
         self._embeddings_on = False
+        self._turn = compute_lock()
         vocab = L.llama_model_get_vocab(self._model)
         desc = ctypes.create_string_buffer(128)
         L.llama_model_desc(self._model, desc, len(desc))
@@ -125,7 +127,8 @@ class LlamaCppTarget(Target):
             L.llama_set_embeddings(self._ctx, features)
             self._embeddings_on = features
         self._batch.n_tokens = n
-        rc = L.llama_decode(self._ctx, self._batch)
+        with self._turn:
+            rc = L.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}" + (" (no room in the KV cache)" if rc == 1 else ""))
         # With embeddings on every token is an output; otherwise only the flagged ones, in batch order.

@@ -17,13 +17,12 @@ import numpy as np
 from specgate.algorithms import ALGORITHMS
 from specgate.contract import PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, VERIFY_COST_METRIC
 from specgate.engine.config import EngineConfig
-from specgate.goodput import CostCurve
 from specgate.engine.loading import load_target
 from specgate.engine.machine import machine
 from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.sampling import SamplingParams
 from specgate.engine.target import Target
-from specgate.calibration import Calibration
+from specgate.calibration import Calibration, CalibrationOverride
 from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput
@@ -241,15 +240,15 @@ class SpeculativeEngineModel(EngineModel):
             self.runner.hand_over_all()
             ResponseStream(sender, False, self.outbox)(Event([], finished=True))
             return True
-        if PARAM_CALIBRATE in params:  # an operator asks: measure again (or take the given ratios)
-            ratios = params[PARAM_CALIBRATE]
-            curve = CostCurve.of_ratios({int(t): float(r) for t, r in json.loads(ratios).items()}) if ratios not in ("", True) else None
+        if PARAM_CALIBRATE in params:  # an operator asks: measure again (pinning what the value says)
+            value = params[PARAM_CALIBRATE]
+            override = CalibrationOverride.model_validate_json(value) if value not in ("", True) else None
 
             def done(result: Any) -> None:
                 error = f"calibration failed: {result}" if isinstance(result, Exception) else None
                 ResponseStream(sender, False, self.outbox)(Event([], finished=True, error=error))
 
-            self.runner.recalibrate(done, curve)
+            self.runner.recalibrate(done, override)
             return True
         return False
 

@@ -14,7 +14,7 @@ import time
 import torch
 
 from specgate.algorithms import ALGORITHMS
-from specgate.calibration import Calibration
+from specgate.calibration import Calibration, CalibrationOverride
 from specgate.engine.cost_curve import measure
 from specgate.engine.machine import machine
 from specgate.engine.sampling import SamplingParams
@@ -49,14 +49,21 @@ def time_drafter(target: Target, drafter: Drafter, k: int, context: int = 128, s
     return sorted(times)[len(times) // 2]
 
 
-def calibrate(target: Target, drafters: dict[str, Drafter], curve: CostCurve | None = None) -> Calibration:
-    """Measure the curve (unless one is injected) and every drafter's cost on `target` (slot 0, idle)."""
+def calibrate(target: Target, drafters: dict[str, Drafter], override: CalibrationOverride | None = None) -> Calibration:
+    """Measure the curve and every drafter's cost on `target` (slot 0, idle), except what `override` pins."""
     start = time.perf_counter()
-    curve = curve or measure(target, slot=0)
-    draft_ms = {name: time_drafter(target, d, ALGORITHMS[name].default_k) for name, d in drafters.items()}
+    override = override or CalibrationOverride()
+    if override.cost_ratios:
+        curve = CostCurve.of_ratios(override.cost_ratios, base_ms=measure(target, slot=0, sizes=(1,)).ms[0])
+    else:
+        curve = measure(target, slot=0)
+    draft_ms = {
+        name: override.draft_ms[name] if name in override.draft_ms else time_drafter(target, d, ALGORITHMS[name].default_k)
+        for name, d in drafters.items()
+    }
     info = target.info
     cal = Calibration.build(
-        curve, draft_ms, machine=machine(), backend=info.backend, dtype=info.dtype, threads=info.threads,
+        curve, draft_ms, set(override.draft_ms), machine=machine(), backend=info.backend, dtype=info.dtype, threads=info.threads,
         measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
     )
     log.info("%s (took %.1f s)", cal.summary(), time.perf_counter() - start)

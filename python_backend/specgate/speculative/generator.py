@@ -49,6 +49,14 @@ class SpecStream:
     def __iter__(self) -> Iterator[list[int]]:
         return self._steps
 
+    def close(self) -> None:
+        """End a stream that is not iterated to its end (it frees the target's slot).
+
+        Call it: a stream left to the garbage collector (it and its generator refer to each other)
+        would free the slot at some later moment, in the middle of another request.
+        """
+        self._steps.close()  # type: ignore[attr-defined]
+
 
 class SpeculativeGenerator:
     """Speculative decoding over `target` with the given drafters (name -> drafter).

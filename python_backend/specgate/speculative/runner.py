@@ -19,14 +19,13 @@ from dataclasses import dataclass
 
 from specgate.algorithms import check_k
 from specgate.engine.config import EngineConfig
-from specgate.goodput import CostCurve
 from specgate.engine.request import Event, GenerationRequest, check_prompt
 from specgate.engine.runner import QueueFull
 from specgate.engine.target import Target
-from specgate.calibration import Calibration
+from specgate.calibration import Calibration, CalibrationOverride
 from specgate.speculative.calibrate import calibrate
 from specgate.speculative.drafter import Drafter
-from specgate.speculative.generator import SpeculativeGenerator
+from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class _Job:
 
 @dataclass
 class _Calibrate:
-    curve: CostCurve | None  # injected, or None to measure
+    override: CalibrationOverride | None  # pinned measurements, or None to measure everything
     done: Callable[[Calibration | Exception], None]
 
 
@@ -59,7 +58,8 @@ class SpeculativeRunner:
         calibrated: bool = True,
     ) -> None:
         """`calibrated` False: no cost curve, every step drafts k (exactness tests); else the worker
-        calibrates first (or takes cfg.cost_curve) and drafts only what pays."""
+        calibrates first (cfg.calibration_override pins what it should not measure) and drafts only
+        what pays."""
         self.cfg = cfg
         self.generator = SpeculativeGenerator(target, drafters)
         self.calibration: Calibration | None = None
@@ -68,8 +68,7 @@ class SpeculativeRunner:
         self._q: queue.Queue[_Job | _Calibrate | None] = queue.Queue()
         self._hand_over_before = float("-inf")  # jobs enqueued at or before this stop at their next step
         if calibrated:
-            injected = CostCurve.of_ratios(cfg.cost_curve) if cfg.cost_curve else None
-            self._q.put(_Calibrate(injected, lambda _: None))
+            self._q.put(_Calibrate(cfg.calibration_override, lambda _: None))
         self._thread = threading.Thread(target=self._loop, name="spec-runner", daemon=True)
         self._thread.start()
 
@@ -96,9 +95,9 @@ class SpeculativeRunner:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
         self._q.put(_Job(req, emit, is_cancelled, algorithm, k, time.monotonic()))
 
-    def recalibrate(self, done: Callable[[Calibration | Exception], None], curve: CostCurve | None = None) -> None:
-        """Measure again (or take `curve`) after the requests already queued; `done` gets the result."""
-        self._q.put(_Calibrate(curve, done))
+    def recalibrate(self, done: Callable[[Calibration | Exception], None], override: CalibrationOverride | None = None) -> None:
+        """Measure again (except what `override` pins) after the requests already queued; `done` gets the result."""
+        self._q.put(_Calibrate(override, done))
 
     def hand_over_all(self) -> None:
         """Stop every request submitted so far at its next step (or before it starts), with a final
@@ -122,10 +121,10 @@ class SpeculativeRunner:
 
     def _calibrate(self, item: _Calibrate) -> None:
         try:
-            cal = calibrate(self.generator.target, self.generator.drafters, item.curve)
+            cal = calibrate(self.generator.target, self.generator.drafters, item.override)
             self.generator.curve = cal.curve
-            for name, a in cal.algorithms.items():
-                self.generator.draft_cost[name].ms = a.draft_ms
+            for name in cal.algorithms:
+                self.generator.draft_cost[name] = cal.draft_cost(name)
             self.calibration = cal
             self._on_calibration(cal)
             item.done(cal)
@@ -142,6 +141,13 @@ class SpeculativeRunner:
             return
         r = job.req
         stream = self.generator.generate(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words)
+        try:
+            self._stream(job, stream)
+        finally:
+            stream.close()
+
+    def _stream(self, job: _Job, stream: SpecStream) -> None:
+        r = job.req
         emitted = 0
         for tokens in stream:
             if job.is_cancelled():
