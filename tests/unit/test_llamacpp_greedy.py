@@ -1,5 +1,6 @@
-"""Speculative decoding on llama.cpp against plain llama.cpp decoding of the same GGUF, greedy.
+"""Speculative decoding on llama.cpp against plain llama.cpp decoding of the same GGUF.
 
+Greedy:
 llama.cpp is not bit-identical across cache layouts: a draft tree whose accepted path runs through a
 later sibling leaves holes between cache cells, which changes the attention's rounding (see
 test_llamacpp_target.py). So identity is reported, not required, and every divergence must be
@@ -10,6 +11,9 @@ the top, and fails this.
 
 Every step drafts the full k here (no cost curve): the point is what verification does to outputs.
 The report (identity rate, gaps) is printed and written to results/llamacpp-greedy-identity.json.
+
+Sampling: rejection sampling over llama.cpp's verification rows keeps the target's distribution
+(chi-square on two-token outcomes).
 """
 
 from __future__ import annotations
@@ -18,15 +22,18 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from specgate.algorithms import ALGORITHMS
 from specgate.engine.config import EngineConfig
 from specgate.engine.loading import load_target
+from specgate.engine.sampling import SamplingParams, warp
 from specgate.engine.target import Target
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import DRAFT_GGUF, HEAD, ROOT
+from tests.unit.stat_helpers import passes_chi2
 
 NUM_PROMPTS, NEW_TOKENS = 50, 32  # the torch exactness prompts; 32 tokens keep it to minutes on 2 cores
 MAX_LEN = 384
@@ -88,3 +95,48 @@ def test_speculative_matches_plain_decoding_up_to_near_ties(setup) -> None:  # n
     out.write_text(json.dumps(report, indent=2))
     unexplained = {a: [d for d in r["divergences"] if d["logit_gap"] > GAP_TOL] for a, r in report.items()}
     assert not any(unexplained.values()), unexplained
+
+
+# -- sampling ------------------------------------------------------------------------------------
+SAMPLED = SamplingParams(temperature=1.0, top_k=3)  # 3 candidates per token: 27 three-token outcomes
+TRIALS = 1000
+
+
+def _exact(target: Target, prompt: list[int]) -> dict[tuple[int, ...], float]:
+    """P(first three tokens) under the target's warped distribution, from plain llama.cpp decodes."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: tuple[int, ...], prob: float, logits: torch.Tensor) -> None:
+        p = warp(logits, SAMPLED)
+        for tok in p.nonzero().flatten().tolist():
+            if len(prefix) == 2:
+                out[prefix + (tok,)] = prob * float(p[tok])
+                continue
+            after = target.forward([(0, [tok])])[0]
+            walk(prefix + (tok,), prob * float(p[tok]), after)
+            target.truncate(0, len(prompt) + len(prefix))
+
+    logits, _ = target.prefill(0, prompt, features=False)
+    walk((), 1.0, logits)
+    target.release(0)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["draft_model", "eagle2"])  # a sampled chain (q from the draft) and a deterministic tree
+def test_sampled_output_follows_the_llamacpp_target(setup, algorithm: str) -> None:  # noqa: ANN001
+    """The first three sampled tokens, the second and third through llama.cpp verification, are
+    distributed as the target's p (chi-square), p computed from plain decodes of every continuation."""
+    target, gen, prompts = setup
+    prompt = prompts[1][:12]
+    exact = _exact(target, prompt)
+    cells = {seq: i for i, seq in enumerate(exact)}
+    counts = torch.zeros(len(cells))
+    drafted = 0
+    for seed in range(TRIALS):
+        stream = gen.generate(prompt, 3, SAMPLED.model_copy(update={"seed": seed}), algorithm=algorithm, end_id=-1)
+        out = tuple(t for block in stream for t in block)
+        assert out in cells, f"{out} has probability 0 under the target"
+        counts[cells[out]] += 1
+        drafted += stream.stats.draft_tokens
+    assert drafted > 0
+    assert passes_chi2(counts, torch.tensor(list(exact.values())))
