@@ -200,6 +200,17 @@ def stream_engine(
         raise ServerError(f"{model}: {exc}") from None
 
 
+def calibrate(url: str, override: dict[str, Any] | None = None, timeout_s: float = 600) -> None:
+    """Ask spec_engine to measure its machine again (a CalibrationOverride as `override` pins some
+    measurements); returns once the new calibration is in force. ServerError if it failed."""
+    from specgate.contract import PARAM_CALIBRATE, engine_inputs
+
+    arrays = engine_inputs([0], 1, 0, streaming=False)
+    value = json.dumps(override) if override else ""
+    for _ in stream_engine(url, "spec_engine", arrays, {PARAM_CALIBRATE: value}, ["output_ids"], timeout_s):
+        pass
+
+
 def _grpc_responses(
     url: str,
     model: str,

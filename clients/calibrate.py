@@ -1,0 +1,31 @@
+"""Ask a running server's spec_engine to measure its machine again (cost curve, drafting times).
+
+    .venv/bin/python clients/calibrate.py                       # measure everything again
+    .venv/bin/python clients/calibrate.py --pin '{"cost_ratios": {"1": 1, "8": 8}}'   # pin a curve shape
+
+The new calibration is logged by the server, exported as spec_decode_verification_cost_seconds and
+written for the gate; this returns when it is in force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specgate.client import ServerError, calibrate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="localhost:8001", help="tritonserver gRPC address")
+    ap.add_argument("--pin", default=None, help="JSON CalibrationOverride: cost_ratios and/or draft_ms to pin")
+    args = ap.parse_args()
+    try:
+        calibrate(args.url, json.loads(args.pin) if args.pin else None)
+    except ServerError as exc:
+        raise SystemExit(f"calibration failed: {exc}") from None
+    print("spec_engine recalibrated; see the server log or spec_decode_verification_cost_seconds on the metrics port")
+
+
+if __name__ == "__main__":
+    main()
