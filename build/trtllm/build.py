@@ -54,7 +54,7 @@ def _run(step: Step) -> None:
     tmp = step.output.with_name(step.output.name + ".partial")
     argv = [str(tmp) if a == str(step.output) else a for a in step.argv]  # publish only complete outputs
     try:
-        subprocess.run(argv, check=True)
+        subprocess.run(argv, check=True, cwd=ROOT)  # ROOT: `python -m build...` steps import the repository
     except FileNotFoundError as exc:
         raise SystemExit(f"[trtllm] {step.name}: {exc.filename} not found (run inside {NGC_IMAGE})") from None
     except subprocess.CalledProcessError as exc:

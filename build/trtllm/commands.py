@@ -5,6 +5,7 @@ Flags are the pinned TensorRT-LLM 1.0.0 ones; build/trtllm/pins.py names the sou
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,14 +45,26 @@ def convert_llama(spec: BuildSpec, hf_dir: Path, out: Path, examples: Path, pyth
     ]  # fmt: skip
 
 
-def convert_eagle(spec: BuildSpec, out: Path, examples: Path, python: str) -> list[str]:
-    """examples/eagle/convert_checkpoint.py: target + EAGLE head -> one EagleForCausalLM checkpoint."""
+def export_eagle_head(spec: BuildSpec, out: Path) -> list[str]:
+    """build/trtllm/eagle_export.py, in the project's interpreter: our head -> the EAGLE-1 layout the conversion reads."""
     e = spec.speculative.eagle
     assert e is not None and e.head_dir is not None  # guaranteed by BuildSpec validation
     return [
+        sys.executable, "-m", "build.trtllm.eagle_export",
+        "--head", str(e.head_dir),
+        "--target", str(spec.target_hf_dir),
+        "--out", str(out),
+    ]  # fmt: skip
+
+
+def convert_eagle(spec: BuildSpec, head: Path, out: Path, examples: Path, python: str) -> list[str]:
+    """examples/eagle/convert_checkpoint.py: target + exported EAGLE head -> one EagleForCausalLM checkpoint."""
+    e = spec.speculative.eagle
+    assert e is not None  # guaranteed by BuildSpec validation
+    return [
         python, str(examples / EAGLE_CONVERT),
         "--model_dir", str(spec.target_hf_dir),
-        "--eagle_model_dir", str(e.head_dir),
+        "--eagle_model_dir", str(head),
         "--output_dir", str(out),
         "--dtype", spec.dtype,
         "--max_draft_len", str(spec.speculative.max_draft_len),
@@ -88,9 +101,10 @@ def plan(spec: BuildSpec, layout: Layout, examples: Path, python: str = "python3
     ]
     spec_out = layout.engine("spec")
     if sp.method in ("eagle", "eagle2"):
-        ckpt = layout.ckpt("eagle")
+        head, ckpt = layout.ckpt("eagle-head"), layout.ckpt("eagle")
         steps += [
-            Step("convert target + EAGLE head", convert_eagle(spec, ckpt, examples, python), ckpt),
+            Step("export EAGLE head", export_eagle_head(spec, head), head),
+            Step("convert target + EAGLE head", convert_eagle(spec, head, ckpt, examples, python), ckpt),
             Step("build spec_engine (EAGLE)", trtllm_build(spec, ckpt, spec_out, ["--speculative_decoding_mode", "eagle"]), spec_out),
         ]
     elif sp.method == "draft_model":

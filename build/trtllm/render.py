@@ -18,6 +18,22 @@ from specgate.contract import ENGINE_INPUTS, ENGINE_OUTPUTS, Tensor
 _UPSTREAM_ATTRS = {"input_ids": "allow_ragged_batch: true", "stop_words_list": "allow_ragged_batch: true"}
 _RESHAPE_SCALAR = "reshape: { shape: [ ] }"
 
+# The backend writes ten perf-metric outputs on EVERY response of a request that sets return_perf_metrics
+# (the gate always does), without checking which outputs the config declares
+# (triton_backend/inflight_batcher_llm/src/model_instance_state.cc, fillTritonResponse). Triton core rejects an
+# undeclared output ("unexpected inference output", src/model.cc Model::GetOutput), and the backend then fails
+# the whole response. Three of the ten are contract outputs; these are the other seven, with the dtypes and dims
+# of the backend's own all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt.
+PERF_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+)
+
 # backend's decoding_mode values (model_instance_state.cc): eagle | lookahead | top_k_top_p | ...
 _DECODING_MODE = {"eagle": "eagle", "eagle2": "eagle", "ngram": "lookahead", "draft_model": "top_k_top_p"}
 
@@ -85,7 +101,7 @@ def render_values(spec: BuildSpec, layout: Layout, policy_path: Path) -> tuple[d
         "engine_max_batch_size": str(spec.max_batch_size),
         "max_queue_delay_microseconds": str(spec.serving.max_queue_delay_microseconds),
         "engine_inputs": trtllm_input_block(),
-        "engine_outputs": tensor_block(ENGINE_OUTPUTS),  # no CPU-only extensions
+        "engine_outputs": tensor_block(ENGINE_OUTPUTS + PERF_OUTPUTS),  # no CPU-only extensions
         "engine_extensions": "false",
     }
     per_model = {

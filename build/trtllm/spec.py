@@ -25,7 +25,9 @@ class _Strict(BaseModel):
 class EagleSpec(_Strict):
     """EAGLE head + tree. Names follow examples/eagle/convert_checkpoint.py and the backend's `eagle_choices`."""
 
-    head_dir: Path | None = Field(None, description="EAGLE-1 head checkpoint in the HF layout convert_checkpoint.py reads (--eagle_model_dir)")
+    head_dir: Path | None = Field(
+        None, description="the project's EAGLE head (heads/...); the build exports it to the EAGLE-1 layout --eagle_model_dir reads"
+    )
     num_eagle_layers: int = Field(4, ge=1, description="--num_eagle_layers: depth of the tree")
     max_non_leaves_per_layer: int = Field(10, ge=1, description="--max_non_leaves_per_layer")
     eagle_choices: list[list[int]] | None = Field(None, description="static tree (EAGLE-1); None = backend default mc_sim_7b_63")
@@ -138,7 +140,7 @@ def _problems(s: BuildSpec) -> list[str]:
 def _eagle_problems(sp: SpeculativeSpec, par: ParallelSpec) -> list[str]:
     e = sp.eagle
     if e is None or e.head_dir is None:
-        return [f"method {sp.method} needs speculative.eagle.head_dir (the EAGLE head checkpoint, --eagle_model_dir)"]
+        return [f"method {sp.method} needs speculative.eagle.head_dir (the project's EAGLE head, e.g. heads/smollm2-135m-eagle)"]
     out = []
     if par.pp_size > 1:
         out.append("EAGLE does not support pipeline parallelism (examples/eagle/README.md, Limitations): use pp_size 1")

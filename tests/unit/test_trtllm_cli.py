@@ -15,6 +15,7 @@ from build.trtllm.commands import Layout, Step
 from build.trtllm.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
+SPECS = sorted((ROOT / "build" / "specs").glob("*.yaml"))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -29,7 +30,9 @@ def test_dry_run_prints_every_command_and_config(tmp_path: Path) -> None:
     eng = tmp_path / "trtllm" / "smollm2-eagle"
     assert f"python3 /tllm/examples/models/core/llama/convert_checkpoint.py --model_dir {ROOT}/artifacts/checkpoints/smollm2-135m-instruct" in out
     assert f"trtllm-build --checkpoint_dir {eng}/checkpoints/target --output_dir {eng}/engines/target" in out
-    assert "python3 /tllm/examples/eagle/convert_checkpoint.py" in out
+    assert f"-m build.trtllm.eagle_export --head {ROOT}/heads/smollm2-135m-eagle" in out
+    assert f"python3 /tllm/examples/eagle/convert_checkpoint.py --model_dir {ROOT}/artifacts/checkpoints/smollm2-135m-instruct " \
+           f"--eagle_model_dir {eng}/checkpoints/eagle-head" in out  # fmt: skip
     assert "--max_draft_len 14 --num_eagle_layers 3 --max_non_leaves_per_layer 10" in out
     assert f"--output_dir {eng}/engines/spec" in out and "--speculative_decoding_mode eagle" in out
     for model in ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine", "postprocessing"):
@@ -37,6 +40,20 @@ def test_dry_run_prints_every_command_and_config(tmp_path: Path) -> None:
     assert out.count('backend: "tensorrtllm"') == 2
     assert f'key: "gpt_model_path" value: {{ string_value: "{eng}/engines/spec" }}' in out
     assert not eng.exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_every_example_spec_dry_runs(tmp_path: Path, spec: Path) -> None:
+    """`make build-engines ENGINE=trtllm DRY_RUN=1 SPEC=...` for each spec in build/specs/."""
+    r = _cli("--spec", str(spec), "--dry-run", "--artifacts", str(tmp_path), "--trtllm-examples", "/tllm/examples")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("trtllm-build --checkpoint_dir") >= 2 and r.stdout.count('backend: "tensorrtllm"') == 2
+    exports = [line for line in r.stdout.splitlines() if "-m build.trtllm.eagle_export" in line]
+    if "--eagle_model_dir" in r.stdout:  # every EAGLE conversion reads the head this build exported
+        assert len(exports) == 1 and f"--out {tmp_path}/trtllm/" in exports[0]
+        assert f"--eagle_model_dir {exports[0].split('--out ')[1]}" in r.stdout
+    else:
+        assert not exports
 
 
 def test_invalid_spec_fails_before_any_command(tmp_path: Path) -> None:

@@ -32,18 +32,22 @@ def test_baseline_engine_is_always_built_first() -> None:
         assert (f["--max_batch_size"], f["--max_input_len"], f["--max_seq_len"]) == ("8", "2047", "3071")
 
 
-def test_eagle_conversion_and_build() -> None:
+def test_eagle_export_conversion_and_build() -> None:
     steps = plan(_spec("eagle"), LAYOUT, EX)
-    assert [s.name for s in steps][2:] == ["convert target + EAGLE head", "build spec_engine (EAGLE)"]
-    conv, build = steps[2].argv, steps[3].argv
+    assert [s.name for s in steps][2:] == ["export EAGLE head", "convert target + EAGLE head", "build spec_engine (EAGLE)"]
+    export, conv, build = steps[2].argv, steps[3].argv, steps[4].argv
+    assert export[1:3] == ["-m", "build.trtllm.eagle_export"]  # the project's interpreter: it imports specgate
+    e = _flags(export)
+    assert e["--head"] == str(ROOT / "heads/smollm2-135m-eagle") and e["--out"] == "/out/checkpoints/eagle-head"
+    assert e["--target"] == str(ROOT / "artifacts/checkpoints/smollm2-135m-instruct")
     assert conv[1] == "/tllm/examples/eagle/convert_checkpoint.py"
     f = _flags(conv)
-    assert f["--eagle_model_dir"] == str(ROOT / "artifacts/eagle/hf-eagle1")
+    assert f["--eagle_model_dir"] == "/out/checkpoints/eagle-head" == str(steps[2].output)  # the exported head
     assert f["--model_dir"] == str(ROOT / "artifacts/checkpoints/smollm2-135m-instruct")
     assert (f["--max_draft_len"], f["--num_eagle_layers"], f["--max_non_leaves_per_layer"]) == ("14", "3", "10")
     assert _flags(build)["--speculative_decoding_mode"] == "eagle"
     assert _flags(build)["--checkpoint_dir"] == "/out/checkpoints/eagle" and _flags(build)["--output_dir"] == "/out/engines/spec"
-    assert steps[3].output == Path("/out/engines/spec")
+    assert steps[4].output == Path("/out/engines/spec")
 
 
 def test_draft_target_builds_a_draft_engine_and_an_external_draft_target() -> None:

@@ -69,6 +69,38 @@ def test_each_example_spec_renders(tmp_path: Path, name: str) -> None:
     assert not (tmp_path / "repo" / "spec_engine" / "1" / "model.py").exists()
 
 
+# Every output the tensorrtllm backend writes when a request sets return_perf_metrics, pinned from upstream
+# (names: OutputFieldsNames in triton_backend/inflight_batcher_llm/src/utils.h; written unconditionally by
+# ModelInstanceState::fillTritonResponse in model_instance_state.cc; dtypes as its processStats writes them, dims
+# as the backend's all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt declares them). Read at
+# NVIDIA/TensorRT-LLM 0c8de69a1ca6213eebb20a51873890ff128666c2 and, identical, at the last tensorrtllm_backend
+# revision that held the backend, c2e65b88d85255be30cf50440a91662abeb497dd. Triton core rejects any undeclared one.
+BACKEND_PERF_OUTPUTS = {
+    "kv_cache_alloc_new_blocks": "TYPE_INT32",
+    "kv_cache_reused_blocks": "TYPE_INT32",
+    "kv_cache_alloc_total_blocks": "TYPE_INT32",
+    "arrival_time_ns": "TYPE_INT64",
+    "first_scheduled_time_ns": "TYPE_INT64",
+    "first_token_time_ns": "TYPE_INT64",
+    "last_token_time_ns": "TYPE_INT64",
+    "acceptance_rate": "TYPE_FP32",
+    "total_accepted_draft_tokens": "TYPE_INT32",
+    "total_draft_tokens": "TYPE_INT32",
+}
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_every_perf_output_the_backend_writes_is_declared(tmp_path: Path, name: str) -> None:
+    """The gate always sends return_perf_metrics=True; one undeclared output fails every response."""
+    configs = _render_trtllm(tmp_path / "repo", name)
+    for engine in ENGINES:
+        declared = {t.name: (model_config_pb2.DataType.Name(t.data_type), tuple(t.dims)) for t in configs[engine].output}
+        missing = sorted(set(BACKEND_PERF_OUTPUTS) - set(declared))
+        assert not missing, f"{engine} ({name}) does not declare {missing}"
+        for out, dtype in BACKEND_PERF_OUTPUTS.items():
+            assert declared[out] == (dtype, (1,)), f"{engine} ({name}): {out} is {declared[out]}"
+
+
 def _contract(cfg: model_config_pb2.ModelConfig) -> tuple[dict, dict]:
     def sig(ts) -> dict:
         # outputs have no `optional` field in ModelOutput

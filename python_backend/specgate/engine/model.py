@@ -268,6 +268,17 @@ class Llama(nn.Module):
         return self.lm_head(hidden).float()
 
 
+# The HF Llama names of a DecoderLayer's parameters. q/k/v and gate/up are fused: stacked on dim 0, in this order.
+HF_LAYER_NAMES: dict[str, tuple[str, ...]] = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+    "input_norm": ("input_layernorm",),
+    "post_norm": ("post_attention_layernorm",),
+}
+
+
 def load_llama(checkpoint_dir: Path, dtype: torch.dtype, max_len: int) -> Llama:
     """Load an HF Llama checkpoint (safetensors) into `Llama`, fusing q/k/v and gate/up."""
     cfg = LlamaConfig.from_hf(checkpoint_dir)
@@ -283,14 +294,8 @@ def load_llama(checkpoint_dir: Path, dtype: torch.dtype, max_len: int) -> Llama:
         "lm_head.weight": sd["model.embed_tokens.weight"] if cfg.tie_word_embeddings else sd["lm_head.weight"],
     }
     for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
-        ours[f"layers.{i}.qkv.weight"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]])
-        ours[f"layers.{i}.o.weight"] = sd[a + "o_proj.weight"]
-        ours[f"layers.{i}.gate_up.weight"] = torch.cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]])
-        ours[f"layers.{i}.down.weight"] = sd[m + "down_proj.weight"]
-        ours[f"layers.{i}.input_norm.weight"] = sd[p + "input_layernorm.weight"]
-        ours[f"layers.{i}.post_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        for name, parts in HF_LAYER_NAMES.items():
+            ours[f"layers.{i}.{name}.weight"] = torch.cat([sd[f"model.layers.{i}.{part}.weight"] for part in parts])
     with torch.device("meta"):
         model = Llama(cfg, max_len)
     model.load_state_dict(ours, assign=True)
