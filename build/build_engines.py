@@ -27,11 +27,13 @@ def build_cpu(args: argparse.Namespace) -> None:
     art = args.artifacts.resolve()
     gguf = fetch_model.fetch_gguf(art / "downloads")
     ckpt = art / "checkpoints" / "smollm2-135m-instruct"
-    fetch_model.convert(gguf, ckpt)  # the tokenizer for both engines, and the torch engine's weights
+    # The tokenizer for both engines, the torch engine's weights and the TensorRT-LLM input: always.
+    fetch_model.convert(gguf, ckpt)
     draft_layers = make_draft_model.DEFAULT_LAYERS
+    draft_ckpt = art / "checkpoints" / "smollm2-135m-draft"
+    make_draft_model.make_draft(ckpt, draft_ckpt, draft_layers)
     if args.engine == "torch":
-        model, draft = ckpt, art / "checkpoints" / "smollm2-135m-draft"
-        make_draft_model.make_draft(ckpt, draft, draft_layers)
+        model, draft = ckpt, draft_ckpt
     else:
         model, draft = gguf, art / "downloads" / f"{gguf.stem}.draft-{draft_layers}L.gguf"
         make_draft_model.make_draft_gguf(gguf, draft, draft_layers)

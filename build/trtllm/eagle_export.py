@@ -103,7 +103,7 @@ def load_exported(path: Path, target: Llama, dtype: torch.dtype) -> EagleHead:
         num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
         rope_theta=c.rope_theta, draft_vocab_size=V, target_vocab_size=V, max_position_embeddings=c.max_position_embeddings,
     )  # fmt: skip
-    head = EagleHead(cfg, target, torch.arange(V))
+    head = EagleHead(cfg, target.embed.weight, target.lm_head.weight, torch.arange(V))
     state = {"fc.weight": sd["fc.weight"], "d2t": head.d2t}
     for name, parts in HF_LAYER_NAMES.items():
         if all(f"{LAYER}{p}.weight" in sd for p in parts):
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     target = load_llama(args.target, torch.float32, max_len=1)  # no forward: only its tables are used
-    head = load_eagle_head(args.head, target, torch.float32)
+    head = load_eagle_head(args.head, target.embed.weight, target.lm_head.weight, torch.float32)
     export(head, target, args.out)
     print(f"[eagle-export] {args.head} -> {args.out} (full vocabulary {head.cfg.target_vocab_size})", flush=True)
 

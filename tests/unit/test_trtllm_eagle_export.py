@@ -52,7 +52,7 @@ def upstream_names(V: int, D: int, H: int, Hkv: int, hd: int, inter: int) -> dic
 def _tiny_head(target: Llama, draft_vocab: int = 150) -> EagleHead:
     torch.manual_seed(1)
     d2t = torch.randperm(target.cfg.vocab_size)[:draft_vocab]
-    head = EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab), target, d2t).eval()
+    head = EagleHead(EagleHeadConfig.from_target(target.cfg, draft_vocab), target.embed.weight, target.lm_head.weight, d2t).eval()
     with torch.no_grad():  # a trained layer's norm is not all ones: make a wrong name mapping show
         head.layer.post_norm.weight.uniform_(0.5, 1.5)
     return head
@@ -144,7 +144,7 @@ def test_round_trip_drafts_like_the_head(tmp_path: Path) -> None:
 def test_shipped_head_round_trip(tmp_path: Path, checkpoint: Path) -> None:
     """The shipped head on the real target: the export drafts its tokens, over SmolLM2's full vocabulary."""
     target = load_llama(checkpoint, torch.float32, max_len=256)
-    shipped = load_eagle_head(HEAD, target, torch.float32)
+    shipped = load_eagle_head(HEAD, target.embed.weight, target.lm_head.weight, torch.float32)
     export(shipped, target, tmp_path)
     full = load_exported(tmp_path, target, torch.float32)
     tok = PromptTokenizer(checkpoint, max_input_len=200)
