@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml build/install_llamacpp.py
 	$(VPY) build/install_llamacpp.py
 	@touch $(STAMP)
 
-build-engines: setup  ## ENGINE=cpu (default, llama.cpp) | torch (the PyTorch fp32 reference; DTYPE=auto|float32|bfloat16) | trtllm
+build-engines: setup  ## ENGINE=cpu (default, llama.cpp; MODEL=any chat GGUF, DRAFT=its draft GGUF) | torch (the PyTorch reference; DTYPE=auto|float32|bfloat16) | trtllm
 ifeq ($(ENGINE),trtllm)
 	$(VPY) -m build.build_engines --engine trtllm --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
 else
-	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE)
+	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT))
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics)

@@ -1,8 +1,10 @@
 """`make build-engines`: prepare engines and render the model repository.
 
-ENGINE=cpu (default): llama.cpp over the shipped GGUF (and a draft GGUF derived from it).
-ENGINE=torch: the PyTorch engine over a safetensors checkpoint converted from the same GGUF, the exact
-fp32 reference (DTYPE=auto by default: bf16 only where the CPU has native bf16).
+ENGINE=cpu (default): llama.cpp over the shipped GGUF (and a draft GGUF derived from it), or over
+MODEL=path/to/model.gguf, any chat GGUF llama.cpp loads (its own tokenizer, chat template and EOS;
+DRAFT=path/to/draft.gguf adds draft_model; the EAGLE drafters need a head trained for that model).
+ENGINE=torch: the PyTorch engine over a safetensors checkpoint converted from the shipped GGUF, the
+exact fp32 reference (DTYPE=auto by default: bf16 only where the CPU has native bf16).
 Both: fetch the model, derive the draft model, write the engine configs and render the repository for
 the Python-backend engines. Idempotent; prints what it does. ENGINE=trtllm: build/trtllm.
 """
@@ -27,16 +29,28 @@ def build_cpu(args: argparse.Namespace) -> None:
     art = args.artifacts.resolve()
     gguf = fetch_model.fetch_gguf(art / "downloads")
     ckpt = art / "checkpoints" / "smollm2-135m-instruct"
-    # The tokenizer for both engines, the torch engine's weights and the TensorRT-LLM input: always.
+    # The shipped model's tokenizer, the torch engine's weights and the TensorRT-LLM input: always.
     fetch_model.convert(gguf, ckpt)
     draft_layers = make_draft_model.DEFAULT_LAYERS
     draft_ckpt = art / "checkpoints" / "smollm2-135m-draft"
     make_draft_model.make_draft(ckpt, draft_ckpt, draft_layers)
-    if args.engine == "torch":
-        model, draft = ckpt, draft_ckpt
+    tokenizer_dir, head = ckpt, HEAD_DIR if (HEAD_DIR / "eagle_head.safetensors").exists() else None
+    if args.model is not None:  # a user's own GGUF
+        if args.engine != "cpu":
+            raise SystemExit("[build-engines] error: MODEL= is served by the llama.cpp engine (ENGINE=cpu); the PyTorch reference serves the shipped model")
+        model, draft, head = args.model.resolve(), args.draft, None
+        if not model.exists():
+            raise SystemExit(f"[build-engines] error: no GGUF at {model}")
+        tokenizer_dir = art / "models" / model.stem
+        fetch_model.save_tokenizer(model, tokenizer_dir)
+        print(f"[build-engines] serving {model.name}: {'/'.join(EAGLE_HEAD_ALGORITHMS)} off (the shipped EAGLE head is for SmolLM2-135M-Instruct)"
+              + ("" if draft else "; draft_model off (DRAFT=path/to/draft.gguf adds it)"), flush=True)
+    elif args.engine == "torch":
+        model, draft = ckpt, args.draft or draft_ckpt
     else:
-        model, draft = gguf, art / "downloads" / f"{gguf.stem}.draft-{draft_layers}L.gguf"
-        make_draft_model.make_draft_gguf(gguf, draft, draft_layers)
+        model, draft = gguf, args.draft or art / "downloads" / f"{gguf.stem}.draft-{draft_layers}L.gguf"
+        if args.draft is None:
+            make_draft_model.make_draft_gguf(gguf, draft, draft_layers)
     out_root = (args.out_dir or art).resolve()
     eng_dir = out_root / "engines" / "cpu"
     eng_dir.mkdir(parents=True, exist_ok=True)
@@ -50,29 +64,30 @@ def build_cpu(args: argparse.Namespace) -> None:
     }
     target_cfg = eng_dir / "target_engine.json"
     target_cfg.write_text(EngineConfig.model_validate({**common, "max_batch_size": args.max_batch_size}).model_dump_json(indent=2))
-    has_head = (HEAD_DIR / "eagle_head.safetensors").exists()
-    if not has_head:
+    if head is None and args.model is None:
         print(f"[build-engines] warning: no EAGLE head in {HEAD_DIR}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)", flush=True)
     calibration = eng_dir / "calibration.json"
+    calibration.unlink(missing_ok=True)  # another model's: the gate waits for spec_engine to publish this one's
     spec = EngineConfig.model_validate({
         **common,
         "max_batch_size": 1,
-        "draft_model": str(draft),
-        "eagle_head_dir": str(HEAD_DIR) if has_head else None,
+        "draft_model": str(draft) if draft else None,
+        "eagle_head_dir": str(head) if head else None,
         # for requests that name no algorithm: the fastest measured (docs/speculative.md)
-        "default_algorithm": "hybrid" if has_head else "ngram",
+        "default_algorithm": "hybrid" if head else "ngram",
         "calibration_path": str(calibration),
         "calibration_override": json.loads(args.calibration_override) if args.calibration_override else None,
     })
     spec_cfg = eng_dir / "spec_engine.json"
     spec_cfg.write_text(spec.model_dump_json(indent=2))
     print(f"[build-engines] engine configs in {eng_dir} ({common['backend']}, {model.name}, context {args.max_context})", flush=True)
-    tok_cfg = json.loads((ckpt / "config.json").read_text())
+    from transformers import AutoTokenizer
+
     values = {
-        "tokenizer_dir": str(ckpt),
+        "tokenizer_dir": str(tokenizer_dir),
         "max_input_len": str(args.max_context - 1),
         "max_output_len": str(args.max_output_len),
-        "end_id": str(tok_cfg["eos_token_id"]),
+        "end_id": str(AutoTokenizer.from_pretrained(str(tokenizer_dir)).eos_token_id),
         "policy_path": str((args.policy or ROOT / "policy" / "default.yaml").resolve()),
         "calibration_path": str(calibration),
         "text_instances": "2",
@@ -90,6 +105,8 @@ def build_cpu(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=["cpu", "torch", "trtllm"], default="cpu", help="cpu: llama.cpp (default); torch: the PyTorch reference")
+    ap.add_argument("--model", type=Path, default=None, help="serve this chat GGUF instead of the shipped SmolLM2 (llama.cpp engine)")
+    ap.add_argument("--draft", type=Path, default=None, help="draft model sharing the target's vocabulary (GGUF for llama.cpp, checkpoint for torch)")
     ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--out-dir", type=Path, default=None, help="where engine configs + model_repository go (default: --artifacts)")
     ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="torch weights and the EAGLE head")

@@ -74,6 +74,23 @@ def convert(gguf: Path, out_dir: Path) -> None:
     _log(f"wrote {out_dir}")
 
 
+def save_tokenizer(gguf: Path, out_dir: Path) -> None:
+    """The tokenizer (and chat template, special tokens) of any GGUF, as files transformers loads."""
+    if (out_dir / "tokenizer.json").exists() and (out_dir / "tokenizer.json").stat().st_mtime >= gguf.stat().st_mtime:
+        _log(f"tokenizer present: {out_dir}")
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:
+        raise SystemExit(f"[fetch-model] error: no tokenizer could be read from {gguf}: {exc}") from exc
+    if not tok.chat_template:
+        raise SystemExit(f"[fetch-model] error: {gguf} carries no chat template (tokenizer.chat_template); a chat GGUF is needed")
+    tok.save_pretrained(str(out_dir))
+    _log(f"wrote the tokenizer of {gguf.name} to {out_dir}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--artifacts", type=Path, default=Path("artifacts"))

@@ -29,7 +29,7 @@ def test_unknown_unloaded_or_out_of_range_is_refused(gguf):
     gen = SpeculativeGenerator(target, build_drafters(target, cfg))  # n-gram only
     with pytest.raises(ValueError, match="unknown"):
         gen.generate([1, 2], 4, algorithm="medusa")
-    with pytest.raises(ValueError, match="not loaded"):
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
         gen.generate([1, 2], 4, algorithm="eagle")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         gen.generate([1, 2], 4, algorithm="ngram", k=99)

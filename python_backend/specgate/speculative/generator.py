@@ -87,9 +87,7 @@ class SpeculativeGenerator:
         stop_words: list[list[int]] | None = None,
     ) -> SpecStream:
         """Validate the request now (ValueError on a bad algorithm, k or length); decode lazily."""
-        k = check_k(algorithm, k)
-        if algorithm not in self.drafters:
-            raise ValueError(f"speculative algorithm {algorithm!r} is not loaded in this engine; loaded: {', '.join(sorted(self.drafters))}")
+        k = self.check(algorithm, k)
         if not prompt_ids or len(prompt_ids) >= self.max_len:
             raise ValueError(f"prompt length {len(prompt_ids)} must be in [1, {self.max_len - 1}]")
         if max_new_tokens < 1:
@@ -106,6 +104,19 @@ class SpeculativeGenerator:
             [w for w in stop_words or [] if w],
         )
         return stream
+
+    def check(self, algorithm: str, k: int | None) -> int:
+        """The budget cap for a request (its k or the algorithm's default); ValueError naming the
+        problem for an unknown or unloaded algorithm or a k out of range."""
+        k = check_k(algorithm, k)
+        if algorithm not in self.drafters:
+            why = (
+                "needs an EAGLE head trained for this model, and this engine has none (`make train-eagle` trains one for the shipped model)"
+                if ALGORITHMS[algorithm].needs_eagle_head
+                else "is not loaded in this engine (draft_model needs a draft model sharing the vocabulary: DRAFT=)"
+            )
+            raise ValueError(f"speculative algorithm {algorithm!r} {why}; loaded: {', '.join(sorted(self.drafters))}")
+        return k
 
     def _budget(self, algorithm: str, acceptance: Acceptance, k: int) -> int:
         if self.curve is None:

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgate.algorithms import check_k
 from specgate.engine.config import EngineConfig
 from specgate.engine.request import Event, GenerationRequest, check_prompt
 from specgate.engine.runner import QueueFull
@@ -87,9 +86,7 @@ class SpeculativeRunner:
         """Validate now (ValueError: unknown or unloaded algorithm, k out of range, prompt too long or
         not token ids of the model), run later."""
         algorithm = algorithm or self.cfg.default_algorithm
-        check_k(algorithm, k)
-        if algorithm not in self.generator.drafters:
-            raise ValueError(f"speculative algorithm {algorithm!r} is not loaded in this engine; loaded: {', '.join(sorted(self.generator.drafters))}")
+        self.generator.check(algorithm, k)
         check_prompt(req, self.cfg.max_context, self.generator.target.info.vocab_size)
         if self._q.qsize() >= self.cfg.max_queue_size:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
