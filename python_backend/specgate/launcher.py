@@ -2,7 +2,8 @@
 
 Finds `tritonserver` on PATH (the NGC image) or else the binary bundled in `nvidia-pytriton`, lays out
 a backend directory with the Python backend and the stub for the running Python, and forwards the
-gate's headers (`x-...`) as request parameters.
+gate's headers (`x-...`) as request parameters. The first start creates the server's secrets in
+artifacts/secrets/ (mode 0600); later starts reuse them, so tenant metric labels stay stable.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ from typing import Iterator
 
 import urllib.request
 
+from specgate.gate.labels import LABEL_KEY_ENV
+from specgate.secret_file import ensure_secret
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_PATTERN = "x-.*"
+SECRETS = ROOT / "artifacts" / "secrets"
+LABEL_SECRET = SECRETS / "label.key"  # HMAC key of the gate's tenant metric labels
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ def server_env() -> dict[str, str]:
     # other one needs (a decode step took 560 ms instead of 31 beside another busy torch process).
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env[LABEL_KEY_ENV] = str(LABEL_SECRET)
     return env
 
 
@@ -124,6 +131,7 @@ def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> 
 
 def start(repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None) -> subprocess.Popen:
     backends = backend_dir(ROOT / "artifacts" / "triton_backends")
+    ensure_secret(LABEL_SECRET)
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(command(repo, ports, backends, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
 

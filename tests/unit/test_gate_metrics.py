@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
 from specgate.gate.router import Gate, RequestInputs
 from specgate.stats import SpecStats
@@ -57,8 +58,8 @@ def test_speculative_stats_exact_counts(pb: InMemoryMetricFactory, fams: dict[st
 def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
-    gate = Gate(str(path), metric_factory=pb)
-    label = hashlib.sha256(b"secret-key").hexdigest()[:8]
+    gate = Gate(str(path), metric_factory=pb, label_secret=b"s")
+    label = TenantLabels(b"s")(hashlib.sha256(b"secret-key").hexdigest())
 
     decisions = [gate.decide(RequestInputs(api_key="secret-key", temperature=t)) for t in (0.1, 0.2, 0.9)]
     for d in decisions:

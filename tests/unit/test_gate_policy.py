@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specgate.gate.policy import Mode, Policy, PolicyStore, load_policy, parse_policy, tenant_label
+from specgate.gate.policy import Mode, Policy, PolicyStore, load_policy, parse_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,12 +72,6 @@ def test_tenant_keys_raw_or_hashed_map_to_one_digest() -> None:
     assert list(raw.tenants) == list(hashed.tenants) == [digest]
     with pytest.raises(ValueError, match="twice"):
         parse_policy(f"tenants: {{k1: {{}}, 'sha256:{digest}': {{}}}}")
-
-
-def test_tenant_label_is_a_short_hash() -> None:
-    digest = hashlib.sha256(b"secret-key").hexdigest()
-    assert tenant_label(digest) == digest[:8]
-    assert "secret" not in tenant_label(digest)
 
 
 def test_hot_reload_and_invalid_file_keeps_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from specgate.gate.breaker import BreakerState
+from specgate.gate.labels import TenantLabels
 from specgate.gate.policy import Mode, PolicyError
 from specgate.gate.router import REASONS, Decision, Gate, RequestInputs
 from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
 DIGEST_B = hashlib.sha256(KEY_B.encode()).hexdigest()
+SECRET = b"test-label-secret"
 
 POLICY = f"""
 mode: prod
@@ -36,10 +38,10 @@ class Clock:
         return self.t
 
 
-def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None) -> Gate:
+def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None, secret: bytes = SECRET) -> Gate:
     path = tmp_path / "policy.yaml"
     path.write_text(text)
-    return Gate(str(path), now=clock or Clock())
+    return Gate(str(path), now=clock or Clock(), label_secret=secret)
 
 
 def decide(gate: Gate, **kw: object) -> tuple[str, str, bool]:
@@ -86,9 +88,14 @@ def test_unknown_tenant_gets_org_default_or_is_rejected(gate: Gate, tmp_path: Pa
     assert decide(strict, api_key=KEY_A)[0] == "speculative"
 
 
-def test_tenant_label_is_hashed(gate: Gate) -> None:
-    d = gate.decide(RequestInputs(api_key=KEY_B))
-    assert d.tenant == DIGEST_B[:8] and KEY_B not in repr(d)
+def test_tenant_label_is_keyed_by_the_server_secret(tmp_path: Path) -> None:
+    def label(secret: bytes) -> str:
+        return make_gate(tmp_path, secret=secret).decide(RequestInputs(api_key=KEY_B)).tenant
+
+    assert label(b"s1") == label(b"s1") == TenantLabels(b"s1")(DIGEST_B)  # stable across restarts
+    assert label(b"s2") != label(b"s1")
+    assert label(b"s1") != DIGEST_B[:8]  # not the unkeyed hash anyone can compute from a guessed key
+    assert KEY_B not in repr(make_gate(tmp_path).decide(RequestInputs(api_key=KEY_B)))
 
 
 def test_algorithm_and_k_resolution(gate: Gate) -> None:
@@ -230,7 +237,7 @@ def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     from specgate.llm_request import LLMRequest
 
     d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))
-    assert (d.route, d.reason, d.tenant) == ("speculative", "prod", DIGEST_B[:8])
+    assert (d.route, d.reason, d.tenant) == ("speculative", "prod", TenantLabels(SECRET)(DIGEST_B))
     gate.record_speculative(d, EngineStats(draft_tokens=8, accepted_tokens=6))  # tensorrtllm: no drafts
     gate.finish(d)
     assert gate.breakers.snapshot(DIGEST_B).ema == pytest.approx(0.75)

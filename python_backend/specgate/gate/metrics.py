@@ -16,7 +16,7 @@ Formulas (as vLLM and TensorRT-LLM compute them), over any window `[5m]`:
     spec_decode_acceptance_rate{tenant}  the breaker's rolling per-request EMA (a gauge)
     spec_gate_circuit_open{tenant}       0 closed, 0.5 half-open, 1 open
 
-Tenant labels are `tenant_label(sha256(api key))`: 8 hex, never the raw key.
+Tenant labels are 8 hex of an HMAC under the server's secret (labels.py), never the raw key.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ at most once per `check_interval_s` and, when the mtime/size changed, loads and 
 invalid file is rejected with a logged reason and the previous policy stays in force.
 
 Tenants are keyed by API key, either raw or as `sha256:<64 hex>` so the file need not hold secrets.
-Internally every key is its SHA-256 hex digest; metric labels use the first 8 hex of it.
+Internally every key is its SHA-256 hex digest; metric labels are a keyed hash of it (labels.py).
 """
 
 from __future__ import annotations
@@ -158,11 +158,6 @@ class Policy(_Strict):
 
 def key_digest(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
-
-
-def tenant_label(digest: str) -> str:
-    """The metric label of a tenant: 8 hex of SHA-256, never the raw key."""
-    return digest[:8]
 
 
 def _configured_digest(key: str) -> str:

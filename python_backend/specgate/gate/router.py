@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -40,16 +41,9 @@ from typing import Any, Callable, Literal, Protocol
 
 from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
-from specgate.gate.policy import (
-    Mode,
-    Policy,
-    PolicyError,
-    PolicyStore,
-    TenantPolicy,
-    key_digest,
-    tenant_label,
-)
+from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, TenantPolicy, key_digest
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +117,7 @@ class Decision:
     algorithm: str
     num_speculative_tokens: int | None  # None: the engine's default for the algorithm
     mode: Mode
-    tenant: str  # metric label: 8 hex of sha256(api key), or "org"
+    tenant: str  # metric label: 8 hex of an HMAC of the tenant under the server secret, or "org"
     probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
     tenant_key: str = ORG_TENANT  # breaker key: full sha256 hex of the API key, or "org"
 
@@ -163,8 +157,11 @@ class Gate:
         metric_factory: Any | None = None,
         now: Callable[[], float] = time.monotonic,
         reload_interval_s: float = 1.0,
+        label_secret: bytes | None = None,
     ) -> None:
+        """`label_secret` keys the tenant labels (labels.py); None: a random one for this process."""
         self._store = PolicyStore(policy_path, check_interval_s=reload_interval_s, now=now)
+        self._tenant_labels = TenantLabels(label_secret if label_secret is not None else secrets.token_bytes(32))
         self._metrics = GateMetrics(metric_factory)
         self._breakers = CircuitBreakers(now, on_transition=self._on_transition)
         self._lock = threading.Lock()
@@ -293,7 +290,7 @@ class Gate:
     def _label(self, tenant_key: str) -> str:
         label = self._labels.get(tenant_key)
         if label is None:
-            label = tenant_key if tenant_key == ORG_TENANT else tenant_label(tenant_key)
+            label = tenant_key if tenant_key == ORG_TENANT else self._tenant_labels(tenant_key)
             self._labels[tenant_key] = label
             # A tenant's breaker starts closed; export that so the series exists before it trips.
             self._metrics.circuit_state(label, 0.0)

@@ -28,6 +28,7 @@ import numpy as np
 
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, engine_inputs
 from specgate.gate import Decision, Gate, PolicyError
+from specgate.gate.labels import label_secret_from_env
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
 from specgate.llm_request import LLMRequest, parse_llm_request
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
@@ -93,7 +94,7 @@ class GateModel:
         self.end_id = int(p["end_id"])
         self.extensions = p["engine_extensions"] == "true"
         self.outputs = ENGINE_OUTPUT_NAMES + (EXTENSION_OUTPUT_NAMES if self.extensions else [])
-        self.gate = Gate(p["policy_path"], metric_factory=pb_utils)
+        self.gate = Gate(p["policy_path"], metric_factory=pb_utils, label_secret=label_secret_from_env())
         self.pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="gate")
         self.mirrors = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shadow")
         self._speculating = 0  # speculative requests and mirrors now on spec_engine
