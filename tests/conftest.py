@@ -18,6 +18,7 @@ DRAFT = CHECKPOINT.parent / "smollm2-135m-draft"  # written by `make build-engin
 HEAD = ROOT / "heads" / "smollm2-135m-eagle"  # the shipped EAGLE head
 TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
+TEST_KEYS = TEST_OUT / "tenants.yaml"  # the key file TEST_POLICY names
 
 
 def require_checkpoint() -> Path:
@@ -37,7 +38,8 @@ def server(checkpoint: Path):
     from specgate.launcher import Ports, running
 
     TEST_OUT.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit this copy live
+    shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit these copies live
+    shutil.copy(ROOT / "tests" / "integration" / "tenants.yaml", TEST_KEYS)
     subprocess.run(
         [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT), "--policy", str(TEST_POLICY)],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,

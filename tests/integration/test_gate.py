@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 
 import pytest
+import requests
 import yaml
 
 from loadtest.metrics import delta, delta_by, scrape
-from specgate.client import GenerateParams, collect
+from specgate.client import GenerateParams, ServerError, collect
 from specgate.contract import SPEC_ALGORITHMS
-from tests.conftest import TEST_POLICY
+from specgate.gate.tenants import hash_key
+from tests.conftest import TEST_KEYS, TEST_OUT, TEST_POLICY
 
 GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)
 # n-gram drafting finds its continuation in the prompt: high acceptance (0.67-0.83 measured at k=4),
@@ -33,19 +36,24 @@ NOVEL = [
 
 
 @contextlib.contextmanager
-def live_policy(edit):
-    """Apply `edit(policy dict)` to the server's live policy copy for the block, then restore it."""
-    original = TEST_POLICY.read_text()
+def live_policy(edit, keys: dict[str, str] | None = None):
+    """Apply `edit(policy dict)` to the server's live policy copy for the block, and add `keys`
+    (tenant name -> API key) to its key file; then restore both."""
+    original, original_keys = TEST_POLICY.read_text(), TEST_KEYS.read_text()
     policy = yaml.safe_load(original)
     edit(policy)
-    tmp = TEST_POLICY.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(policy))
-    tmp.replace(TEST_POLICY)
-    time.sleep(2.5)  # the gate checks the file at most once a second
+    key_file = yaml.safe_load(original_keys)
+    key_file.update({name: [hash_key(key)] for name, key in (keys or {}).items()})
+    for path, data in ((TEST_KEYS, key_file), (TEST_POLICY, policy)):  # keys first: the policy needs them
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data))
+        tmp.replace(path)
+    time.sleep(2.5)  # the gate checks the files at most once a second
     try:
         yield
     finally:
         TEST_POLICY.write_text(original)
+        TEST_KEYS.write_text(original_keys)
         time.sleep(2.5)
 
 
@@ -174,9 +182,9 @@ def test_policy_without_k_sends_the_engines_default_for_the_algorithm(http, serv
     spec_engine drafts its own default for the algorithm (eagle2: 8-node trees), not some fixed k."""
     def edit(policy: dict) -> None:
         policy["speculative"].update(algorithm="eagle2", num_speculative_tokens=None)
-        policy["tenants"]["tenant-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
+        policy["tenants"]["team-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
 
-    with live_policy(edit):
+    with live_policy(edit, keys={"team-defaults": "tenant-defaults"}):
         before = scrape(server.metrics)
         r = http.generate(NOVEL[0], GenerateParams(max_tokens=48), api_key="tenant-defaults")
         after = scrape(server.metrics)
@@ -193,13 +201,57 @@ def test_every_algorithm_serves_losslessly_through_triton(http, grpc):
     and streamed gRPC. One tenant per algorithm, so a weak drafter's breaker cannot hide the next."""
     def edit(policy: dict) -> None:
         policy["speculative"]["num_speculative_tokens"] = None
-        policy["tenants"].update({f"algo-{a}": {"mode": "prod", "algorithm": a} for a in SPEC_ALGORITHMS})
+        policy["tenants"].update({f"team-algo-{a}": {"mode": "prod", "algorithm": a} for a in SPEC_ALGORITHMS})
 
     expected = http.generate(CAPS, GenerateParams(max_tokens=24)).text
-    with live_policy(edit):
+    with live_policy(edit, keys={f"team-algo-{a}": f"algo-{a}" for a in SPEC_ALGORITHMS}):
         for algorithm in SPEC_ALGORITHMS:
             unary = http.generate(CAPS, GenerateParams(max_tokens=24), api_key=f"algo-{algorithm}")
             streamed = collect(grpc.stream(CAPS, GenerateParams(max_tokens=24), api_key=f"algo-{algorithm}"))
             for r in (unary, streamed):
                 assert r.meta["route"] == "speculative" and r.meta["num_draft_tokens"] > 0, (algorithm, r.meta)
                 assert r.text == expected, algorithm
+
+
+def test_a_tenant_without_allow_override_cannot_choose_its_mode(http, grpc, server):
+    before = scrape(server.metrics)
+    assert route_of(http, api_key="tenant-locked", spec_mode="prod")[:2] == ("baseline", "mode_off")
+    on = GenerateParams(max_tokens=8, num_speculative_tokens=4, use_speculative_decoding=True)
+    assert route_of(grpc, params=on, api_key="tenant-locked")[:2] == ("baseline", "mode_off")
+    ignored = delta_by(before, scrape(server.metrics), "spec_gate_override_ignored_total", "tenant")
+    assert list(ignored.values()) == [2] and "org" not in ignored  # both counted under its own label
+
+
+def test_raw_keys_never_reach_logs_metrics_or_errors(http, grpc, server):
+    """Known, unknown and refused keys, over both protocols and through the error paths: none shows
+    up in the server's log (the gate logs there), on /metrics, or in an error the client gets."""
+    unknown = f"unknown-key-{uuid.uuid4().hex}"
+    refused = f"refused-key-{uuid.uuid4().hex}"
+    known = "tenant-prod"
+    errors: list[str] = []
+
+    def attempt(call) -> None:
+        try:
+            call()
+        except ServerError as exc:
+            errors.append(str(exc))
+
+    short = GenerateParams(max_tokens=4, num_speculative_tokens=4)
+    for key in (known, unknown):
+        attempt(lambda: http.generate(PROMPT, short, api_key=key))
+        attempt(lambda: collect(grpc.stream(PROMPT, short, api_key=key)))
+        attempt(lambda: http.generate(PROMPT, short, api_key=key, spec_mode="maybe"))  # malformed header
+        attempt(lambda: collect(grpc.stream(PROMPT, short, api_key=key, spec_mode="maybe")))
+    with live_policy(lambda p: p.update(unknown_tenant="reject")):
+        attempt(lambda: http.generate(PROMPT, short, api_key=refused))
+        attempt(lambda: collect(grpc.stream(PROMPT, short, api_key=refused)))
+    assert len(errors) == 6, errors  # 4 malformed headers, 2 refused keys
+    time.sleep(1)  # the stubs' log lines reach the server log
+    haystacks = {
+        "errors": "\n".join(errors),
+        "metrics": requests.get(f"http://localhost:{server.metrics}/metrics", timeout=10).text,
+        "server log": (TEST_OUT / "tritonserver.log").read_text(errors="replace"),
+    }
+    for where, text in haystacks.items():
+        for key in (known, unknown, refused):
+            assert key not in text, f"{key} found in the {where}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
 from specgate.gate.router import Gate, RequestInputs
+from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
 
@@ -40,6 +40,7 @@ def test_families_and_kinds(pb: InMemoryMetricFactory, fams: dict[str, InMemoryF
         "spec_gate_decision_latency_seconds": "histogram",
         "spec_gate_engine_failures_total": "counter",
         "spec_gate_in_flight": "gauge",
+        "spec_gate_override_ignored_total": "counter",
     }
 
 
@@ -57,9 +58,10 @@ def test_speculative_stats_exact_counts(pb: InMemoryMetricFactory, fams: dict[st
 
 def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
+    (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('secret-key')}]\n")
+    path.write_text("mode: prod\nkey_file: keys.yaml\nallow_override: true\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
     gate = Gate(str(path), metric_factory=pb, label_secret=b"s")
-    label = TenantLabels(b"s")(hashlib.sha256(b"secret-key").hexdigest())
+    label = TenantLabels(b"s")("team")
 
     decisions = [gate.decide(RequestInputs(api_key="secret-key", temperature=t)) for t in (0.1, 0.2, 0.9)]
     for d in decisions:
@@ -102,7 +104,7 @@ def test_no_factory_exports_nothing_and_works() -> None:
     d = gate.decide(RequestInputs(use_speculative_decoding=True))
     gate.record_speculative(d, SpecStats(draft_tokens=4, accepted_tokens=4))
     gate.finish(d)
-    assert d.route == "speculative"
+    assert (d.route, d.reason) == ("baseline", "mode_off")  # built-in policy: off, overrides not allowed
 
 
 def test_dashboard_plots_every_gate_metric_and_triton_ones(pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:

@@ -43,6 +43,7 @@ SHADOW_COMPARISONS = "spec_gate_shadow_comparisons_total"
 DECISION_LATENCY = "spec_gate_decision_latency_seconds"
 ENGINE_FAILURES = "spec_gate_engine_failures_total"
 IN_FLIGHT = "spec_gate_in_flight"
+OVERRIDE_IGNORED = "spec_gate_override_ignored_total"
 
 _Labels = tuple[tuple[str, str], ...]
 
@@ -65,6 +66,7 @@ class GateMetrics:
             DECISION_LATENCY: ("Time to take one gate decision, seconds", histogram),
             ENGINE_FAILURES: ("Engine calls that failed, by engine", counter),
             IN_FLIGHT: ("Requests in flight through the gate", gauge),
+            OVERRIDE_IGNORED: ("Requests whose own mode choice was ignored: the tenant may not override", counter),
         }
         self._families = {
             name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
@@ -123,6 +125,10 @@ class GateMetrics:
     def engine_failure(self, engine: str) -> None:
         with self._lock:
             self._get(ENGINE_FAILURES, (("engine", engine),)).increment(1)
+
+    def override_ignored(self, tenant: str) -> None:
+        with self._lock:
+            self._get(OVERRIDE_IGNORED, (("tenant", tenant),)).increment(1)
 
     def in_flight(self, n: int) -> None:
         with self._lock:

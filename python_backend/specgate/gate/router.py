@@ -3,8 +3,10 @@
 Mode precedence (first that is set wins):
     1. `x-speculative-decoding` request parameter (header / body field): off | shadow | prod
     2. `use_speculative_decoding` BOOL input: true -> prod, false -> off
-    3. the tenant's `mode` (tenant keyed by `x-api-key`)
+    3. the tenant's `mode` (tenant found by its `x-api-key` in the key file)
     4. the org `mode`
+1 and 2 are request overrides: honoured only where `allow_override` (tenant, else org) is true,
+otherwise ignored and counted in spec_gate_override_ignored_total{tenant}.
 
 Then the rules, in this order; the first that applies names the reason:
 
@@ -21,9 +23,10 @@ Then the rules, in this order; the first that applies names the reason:
 
 The canary applies only when `prod` comes from policy (tenant or org): a request that asks for
 `prod` itself has opted in. A malformed `x-speculative-decoding` raises `PolicyError` (policy
-`malformed_header: reject`, the default) or is ignored (`ignore`). An unknown or missing
-`x-api-key` gets the org settings and shares the org breaker, label `org` (`unknown_tenant:
-org_default`, the default) or raises `PolicyError` (`reject`).
+`malformed_header: reject`, the default) or is ignored (`ignore`), whether or not the tenant may
+override. An unknown or missing `x-api-key` gets the org settings and shares the org breaker, label
+`org` (`unknown_tenant: org_default`, the default) or raises `PolicyError` (`reject`). A key is
+never logged, exported or echoed in an error.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
-from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, TenantPolicy, key_digest
+from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, TenantPolicy
+from specgate.gate.tenants import ORG, TenantKeys
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +70,6 @@ REASONS: tuple[str, ...] = (
     MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
     HALF_OPEN_PROBE, CANARY_IN, PROD,
 )
-
-ORG_TENANT = "org"  # label (and breaker key) shared by unknown / missing API keys
 
 _MODES = {m.value: m for m in Mode}
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
@@ -117,9 +119,9 @@ class Decision:
     algorithm: str
     num_speculative_tokens: int | None  # None: the engine's default for the algorithm
     mode: Mode
-    tenant: str  # metric label: 8 hex of an HMAC of the tenant under the server secret, or "org"
+    tenant: str  # metric label: 8 hex of an HMAC of the tenant's name under the server secret, or "org"
     probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
-    tenant_key: str = ORG_TENANT  # breaker key: full sha256 hex of the API key, or "org"
+    tenant_key: str = ORG  # breaker key: the tenant's name in the key file, or "org"
 
 
 class GateStats(Protocol):
@@ -168,7 +170,7 @@ class Gate:
         self._in_flight = 0
         self._mirrors = 0
         self._anonymous_ids = itertools.count()
-        self._labels: dict[str, str] = {}  # breaker key (digest or ORG_TENANT) -> label
+        self._labels: dict[str, str] = {}  # tenant name (or ORG) -> label
 
     @property
     def policy(self) -> Policy:
@@ -185,17 +187,21 @@ class Gate:
     def decide(self, inputs: GateRequest) -> Decision:
         """Route one request. Raises PolicyError for a request the policy rejects (INVALID_ARG)."""
         start = time.perf_counter()
-        policy = self._store.current()
-        tenant_key, tenant = self._tenant(inputs.api_key, policy)
-        mode, from_request = _resolve_mode(inputs, tenant, policy)
+        policy, keys = self._store.snapshot()
+        tenant_key, tenant = _tenant(inputs.api_key, policy, keys)
+        label = self._label(tenant_key)
+        requested = _requested_mode(inputs, policy)
+        if requested is not None and not _override(tenant, "allow_override", policy.allow_override):
+            self._metrics.override_ignored(label)
+            requested = None
+        mode = requested if requested is not None else _override(tenant, "mode", policy.mode)
         algorithm, k = _speculation(inputs, tenant, policy)
         with self._lock:  # count this request and read the load before it, atomically
             already = self._in_flight
             self._in_flight += 1
         route, reason, shadow, probe = self._route(
-            inputs, policy, tenant, tenant_key, mode, from_request, already
+            inputs, policy, tenant, tenant_key, mode, requested is not None, already
         )
-        label = self._label(tenant_key)
         decision = Decision(route, reason, shadow, algorithm, k, mode, label, probe, tenant_key)
         self._metrics.decision(route, reason, time.perf_counter() - start)
         self._metrics.in_flight(already + 1)
@@ -277,20 +283,10 @@ class Gate:
         bucket = int.from_bytes(hashlib.sha256(rid.encode()).digest()[:8], "big") % 10_000
         return bucket < percent * 100.0
 
-    def _tenant(self, api_key: str | None, policy: Policy) -> tuple[str, TenantPolicy | None]:
-        if api_key:
-            digest = key_digest(api_key)
-            tenant = policy.tenants.get(digest)
-            if tenant is not None:
-                return digest, tenant
-        if policy.unknown_tenant == "reject":
-            raise PolicyError("x-api-key is missing or not a known tenant key")
-        return ORG_TENANT, None
-
     def _label(self, tenant_key: str) -> str:
         label = self._labels.get(tenant_key)
         if label is None:
-            label = tenant_key if tenant_key == ORG_TENANT else self._tenant_labels(tenant_key)
+            label = ORG if tenant_key == ORG else self._tenant_labels(tenant_key)
             self._labels[tenant_key] = label
             # A tenant's breaker starts closed; export that so the series exists before it trips.
             self._metrics.circuit_state(label, 0.0)
@@ -302,24 +298,30 @@ class Gate:
         self._metrics.circuit_state(label, _CIRCUIT_GAUGE[new])
 
 
-def _resolve_mode(
-    inputs: GateRequest, tenant: TenantPolicy | None, policy: Policy
-) -> tuple[Mode, bool]:
-    """The effective mode, and whether the request itself chose it."""
+def _tenant(api_key: str | None, policy: Policy, keys: TenantKeys) -> tuple[str, TenantPolicy | None]:
+    """The tenant's name (ORG for a missing or unknown key) and its settings (None: the org's)."""
+    name = keys.tenant_of(str(api_key)) if api_key else None
+    if name is not None:
+        return name, policy.tenants.get(name)
+    if policy.unknown_tenant == "reject":
+        raise PolicyError("x-api-key is missing or not a known tenant key")
+    return ORG, None
+
+
+def _requested_mode(inputs: GateRequest, policy: Policy) -> Mode | None:
+    """The mode the request asks for itself, if any (header first, then the BOOL input)."""
     if inputs.spec_header is not None:
         mode = _MODES.get(inputs.spec_header.strip().lower())
         if mode is not None:
-            return mode, True
+            return mode
         if policy.malformed_header == "reject":
             raise PolicyError(
                 f"{HEADER_SPEC_MODE}: invalid value {inputs.spec_header[:32]!r}; "
                 f"allowed: {', '.join(_MODES)}"
             )
     if inputs.use_speculative_decoding is not None:
-        return (Mode.PROD if inputs.use_speculative_decoding else Mode.OFF), True
-    if tenant is not None and tenant.mode is not None:
-        return tenant.mode, False
-    return policy.mode, False
+        return Mode.PROD if inputs.use_speculative_decoding else Mode.OFF
+    return None
 
 
 def _speculation(
