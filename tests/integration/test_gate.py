@@ -255,3 +255,17 @@ def test_raw_keys_never_reach_logs_metrics_or_errors(http, grpc, server):
     for where, text in haystacks.items():
         for key in (known, unknown, refused):
             assert key not in text, f"{key} found in the {where}"
+
+
+def test_series_exist_at_zero_before_their_first_event(server):
+    """On the real metrics endpoint: counters a shadow mismatch, an ignored override or a draft
+    position would create are there from load (the suite's shadow mirrors never mismatch in fp32)."""
+    m = scrape(server.metrics)
+    names = {(n, tuple(sorted(dict(labels)))) for n, labels in m}
+    for name in ("spec_gate_shadow_mismatch_total", "spec_gate_shadow_comparisons_total", "spec_decode_num_drafts_total"):
+        assert (name, ()) in names, name
+    assert ("spec_gate_override_ignored_total", frozenset({("tenant", "org")})) in m
+    tenants = {dict(labels)["tenant"] for n, labels in m if n == "spec_gate_circuit_open"}
+    assert "org" in tenants and len(tenants) >= 7  # org + the six tenants of the suite's key file
+    positions = {dict(labels)["position"] for n, labels in m if n == "spec_decode_num_accepted_tokens_per_pos_total"}
+    assert positions >= {str(i) for i in range(8)}  # max_num_speculative_tokens: 8

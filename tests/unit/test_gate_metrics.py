@@ -9,7 +9,7 @@ import pytest
 
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
-from specgate.gate.router import Gate, RequestInputs
+from specgate.gate.router import REASONS, Gate, RequestInputs
 from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
@@ -125,3 +125,32 @@ def test_drafts_estimated_when_the_engine_reports_none(pb: InMemoryMetricFactory
     gate.record_speculative(d, SpecStats(draft_tokens=0, accepted_tokens=0, num_drafts=0))
     gate.finish(d)
     assert fams["spec_decode_num_drafts_total"].value() == 3  # ceil(7 / 3); nothing drafted: 0
+
+
+def test_every_series_known_at_load_exists_at_zero(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    """A dashboard shows 0, not "no data", and a rate() alert can start before the first event."""
+    (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('k')}]\n")
+    path = tmp_path / "p.yaml"
+    path.write_text("key_file: keys.yaml\nspeculative: {max_num_speculative_tokens: 5}\n")
+    clock = [0.0]
+    gate = Gate(str(path), metric_factory=pb, label_secret=b"s", now=lambda: clock[0])
+
+    def series(name: str) -> list[dict[str, str]]:
+        assert all(m.value == 0 and not m.observations for m in fams[name].metrics), name
+        return [m.labels for m in fams[name].metrics]
+
+    for name in fams.keys() - {"spec_decode_acceptance_rate"}:  # unknown before a sample, not 0
+        assert series(name), f"{name} has no series at load"
+    assert series("spec_decode_acceptance_rate") == []
+    tenants = [{"tenant": "org"}, {"tenant": TenantLabels(b"s")("team")}]
+    assert series("spec_gate_circuit_open") == series("spec_gate_override_ignored_total") == tenants
+    assert len(series("spec_gate_decisions_total")) == len(REASONS)
+    assert {"route": "speculative", "reason": "prod"} in series("spec_gate_decisions_total")
+    assert series("spec_gate_engine_failures_total") == [{"engine": "speculative"}, {"engine": "baseline"}]
+    assert series("spec_decode_num_accepted_tokens_per_pos_total") == [{"position": str(i)} for i in range(5)]
+
+    # a tenant added to the key file later gets its series at the first decision after the reload
+    (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('k')}]\nnewcomer: [{hash_key('n')}]\n")
+    clock[0] = 5.0
+    gate.finish(gate.decide(RequestInputs()))
+    assert {"tenant": TenantLabels(b"s")("newcomer")} in [m.labels for m in fams["spec_gate_circuit_open"].metrics]

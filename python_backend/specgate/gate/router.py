@@ -46,7 +46,7 @@ from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
-from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, TenantPolicy
+from specgate.gate.policy import Loaded, Mode, Policy, PolicyError, PolicyStore, TenantPolicy
 from specgate.gate.tenants import ORG, TenantKeys
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,10 @@ REASONS: tuple[str, ...] = (
     MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
     HALF_OPEN_PROBE, CANARY_IN, PROD,
 )
+# Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.
+ROUTE_OF: dict[str, Route] = {
+    reason: SPECULATIVE if reason in (HALF_OPEN_PROBE, CANARY_IN, PROD) else BASELINE for reason in REASONS
+}
 
 _MODES = {m.value: m for m in Mode}
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
@@ -164,13 +168,15 @@ class Gate:
         """`label_secret` keys the tenant labels (labels.py); None: a random one for this process."""
         self._store = PolicyStore(policy_path, check_interval_s=reload_interval_s, now=now)
         self._tenant_labels = TenantLabels(label_secret if label_secret is not None else secrets.token_bytes(32))
-        self._metrics = GateMetrics(metric_factory)
+        self._metrics = GateMetrics(metric_factory, ROUTE_OF.items())
         self._breakers = CircuitBreakers(now, on_transition=self._on_transition)
         self._lock = threading.Lock()
         self._in_flight = 0
         self._mirrors = 0
         self._anonymous_ids = itertools.count()
         self._labels: dict[str, str] = {}  # tenant name (or ORG) -> label
+        self._declared: Loaded | None = None
+        self._declare(self._store.snapshot())
 
     @property
     def policy(self) -> Policy:
@@ -187,7 +193,10 @@ class Gate:
     def decide(self, inputs: GateRequest) -> Decision:
         """Route one request. Raises PolicyError for a request the policy rejects (INVALID_ARG)."""
         start = time.perf_counter()
-        policy, keys = self._store.snapshot()
+        loaded = self._store.snapshot()
+        if loaded is not self._declared:
+            self._declare(loaded)
+        policy, keys = loaded
         tenant_key, tenant = _tenant(inputs.api_key, policy, keys)
         label = self._label(tenant_key)
         requested = _requested_mode(inputs, policy)
@@ -286,11 +295,19 @@ class Gate:
     def _label(self, tenant_key: str) -> str:
         label = self._labels.get(tenant_key)
         if label is None:
-            label = ORG if tenant_key == ORG else self._tenant_labels(tenant_key)
-            self._labels[tenant_key] = label
-            # A tenant's breaker starts closed; export that so the series exists before it trips.
-            self._metrics.circuit_state(label, 0.0)
+            label = self._labels[tenant_key] = ORG if tenant_key == ORG else self._tenant_labels(tenant_key)
         return label
+
+    def _declare(self, loaded: Loaded) -> None:
+        """Export the series of a (re)loaded policy's tenants and draft positions at 0, so dashboards
+        and rate() alerts have them before their first event. Runs again after a reload; series that
+        exist already are kept as they are."""
+        self._declared = loaded
+        for tenant in (ORG, *sorted(loaded.keys.names)):
+            if tenant not in self._labels:
+                log.info("tenant %s: metric label %s", tenant, self._label(tenant))
+            self._metrics.declare_tenant(self._labels[tenant])
+        self._metrics.declare_positions(loaded.policy.speculative.max_num_speculative_tokens)
 
     def _on_transition(self, tenant_key: str, old: BreakerState, new: BreakerState) -> None:
         label = self._label(tenant_key)
