@@ -7,14 +7,16 @@ breaker) with fp32 engines; the speculative default there is n-gram, which needs
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import yaml
 
-from loadtest.metrics import delta, delta_by, scrape
+from loadtest.metrics import delta, delta_by, scrape, value
 from specgate.client import GenerateParams, ServerError, collect
 from specgate.contract import SPEC_ALGORITHMS
 from specgate.gate.tenants import hash_key
@@ -269,3 +271,41 @@ def test_series_exist_at_zero_before_their_first_event(server):
     assert "org" in tenants and len(tenants) >= 7  # org + the six tenants of the suite's key file
     positions = {dict(labels)["position"] for n, labels in m if n == "spec_decode_num_accepted_tokens_per_pos_total"}
     assert positions >= {str(i) for i in range(8)}  # max_num_speculative_tokens: 8
+
+
+def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
+    """One slot, one queue place: a request that finds the queue full is refused at once over every
+    protocol; the queued one is refused when its wait times out. The gate answers UNAVAILABLE, but
+    Triton 2.51's generate endpoints send 400 for any model error and gRPC streams carry no status,
+    so clients see the "overloaded:" message (docs/gate.md, 'Admission'). The 400s pin what 2.51
+    does: an upgrade that maps the code to 503 fails here, and the docs need updating."""
+    long = GenerateParams(max_tokens=300)  # holds the only slot for several seconds
+    short = GenerateParams(max_tokens=4)
+    body = {"text_input": PROMPT, "max_tokens": 4}
+    with live_policy(lambda p: p.update(admission={"max_concurrent": 1, "max_queued": 1, "queue_timeout_s": 3})):
+        before = scrape(server.metrics)
+        holder = grpc.stream("Count from 1 to 500, separated by commas.", long, spec_mode="off")
+        next(holder)  # it is being served
+        with ThreadPoolExecutor(1) as ex:
+            queued = ex.submit(http.generate, PROMPT, short)
+            time.sleep(0.5)  # it waits in the queue
+            t0 = time.monotonic()
+            unary = requests.post(f"{http.base}/v2/models/llm/generate", json=body, timeout=60)
+            sse = requests.post(f"{http.base}/v2/models/llm/generate_stream", json={**body, "stream": True}, timeout=60)
+            with pytest.raises(ServerError) as grpc_err:
+                collect(grpc.stream(PROMPT, short))
+            refused_in = time.monotonic() - t0
+            with pytest.raises(ServerError) as timed_out:
+                queued.result(timeout=60)
+        rest = list(holder)
+        after = scrape(server.metrics)
+    assert refused_in < 2.5  # at once, not after the queue timeout
+    full = "in ensemble 'llm', overloaded: 1 requests already queued (admission.max_queued); retry later"
+    assert (unary.status_code, unary.json()["error"]) == (400, full)
+    assert sse.status_code == 400 and json.loads(sse.text.removeprefix("data:"))["error"] == full
+    assert str(grpc_err.value) == full
+    assert timed_out.value.status == 400 and "overloaded: no free slot within 3 s" in str(timed_out.value)
+    assert rest[-1].meta["num_output_tokens"] > 4  # the request holding the slot was not disturbed
+    assert delta(before, after, "spec_gate_overloaded_total", reason="queue_full") == 3
+    assert delta(before, after, "spec_gate_overloaded_total", reason="queue_timeout") == 1
+    assert value(after, "spec_gate_queued") == 0

@@ -41,6 +41,8 @@ def test_families_and_kinds(pb: InMemoryMetricFactory, fams: dict[str, InMemoryF
         "spec_gate_engine_failures_total": "counter",
         "spec_gate_in_flight": "gauge",
         "spec_gate_override_ignored_total": "counter",
+        "spec_gate_overloaded_total": "counter",
+        "spec_gate_queued": "gauge",
     }
 
 

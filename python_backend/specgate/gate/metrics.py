@@ -50,11 +50,14 @@ DECISION_LATENCY = "spec_gate_decision_latency_seconds"
 ENGINE_FAILURES = "spec_gate_engine_failures_total"
 IN_FLIGHT = "spec_gate_in_flight"
 OVERRIDE_IGNORED = "spec_gate_override_ignored_total"
+OVERLOADED = "spec_gate_overloaded_total"
+QUEUED = "spec_gate_queued"
 
 _Labels = tuple[tuple[str, str], ...]
 
 
 ENGINES = ("speculative", "baseline")  # the `engine` label of spec_gate_engine_failures_total
+QUEUE_FULL, QUEUE_TIMEOUT = "queue_full", "queue_timeout"  # the `reason` label of spec_gate_overloaded_total
 
 
 class GateMetrics:
@@ -77,6 +80,8 @@ class GateMetrics:
             ENGINE_FAILURES: ("Engine calls that failed, by engine", counter),
             IN_FLIGHT: ("Requests in flight through the gate", gauge),
             OVERRIDE_IGNORED: ("Requests whose own mode choice was ignored: the tenant may not override", counter),
+            OVERLOADED: ("Requests refused as overloaded: queue full, or no slot before the queue timeout", counter),
+            QUEUED: ("Requests waiting in the gate's admission queue", gauge),
         }
         self._families = {
             name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
@@ -86,11 +91,13 @@ class GateMetrics:
         # worker threads; they are serialized (a stub crashed with heap corruption without this).
         self._lock = threading.RLock()
         with self._lock:
-            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT):
+            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED):
                 self._get(name)
             self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS)
             for engine in ENGINES:
                 self._get(ENGINE_FAILURES, (("engine", engine),))
+            for reason in (QUEUE_FULL, QUEUE_TIMEOUT):
+                self._get(OVERLOADED, (("reason", reason),))
             for reason, route in decisions:
                 self._get(DECISIONS, (("route", route), ("reason", reason)))
 
@@ -158,6 +165,14 @@ class GateMetrics:
     def override_ignored(self, tenant: str) -> None:
         with self._lock:
             self._get(OVERRIDE_IGNORED, (("tenant", tenant),)).increment(1)
+
+    def overloaded(self, reason: str) -> None:
+        with self._lock:
+            self._get(OVERLOADED, (("reason", reason),)).increment(1)
+
+    def queued(self, n: int) -> None:
+        with self._lock:
+            self._get(QUEUED).set(n)
 
     def in_flight(self, n: int) -> None:
         with self._lock:

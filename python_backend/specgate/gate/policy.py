@@ -84,6 +84,22 @@ class LoadPolicy(_Strict):
     max_in_flight: int | None = Field(1, ge=1)
 
 
+# Bounds of the admission fields: the gate's thread pool holds one thread per admitted or queued request.
+MAX_CONCURRENT_CAP, MAX_QUEUED_CAP = 256, 1024
+
+
+class AdmissionPolicy(_Strict):
+    """The gate's admission queue (admission.py). 16 at once: the baseline batches 8 sequences and
+    the speculative engine runs one, so 16 keeps the next batch ready at the engines while bounding
+    what waits inside them, where no timeout applies; the rest wait here, where one does."""
+
+    max_concurrent: int = Field(16, ge=1, le=MAX_CONCURRENT_CAP)
+    max_queued: int = Field(64, ge=0, le=MAX_QUEUED_CAP)
+    # Past this wait for a slot the request is refused (503): an interactive client has given up by
+    # then, and a quick refusal lets it back off or go elsewhere.
+    queue_timeout_s: float = Field(30.0, gt=0.0, le=600.0)
+
+
 class ShadowPolicy(_Strict):
     max_concurrent_mirrors: int = Field(2, ge=0, le=64)
 
@@ -129,6 +145,7 @@ class Policy(_Strict):
     canary_percent: Percent = 100.0
     breaker: BreakerPolicy = BreakerPolicy()
     load: LoadPolicy = LoadPolicy()
+    admission: AdmissionPolicy = AdmissionPolicy()
     shadow: ShadowPolicy = ShadowPolicy()
     speculative: SpeculativePolicy = SpeculativePolicy()
     unknown_tenant: Literal["org_default", "reject"] = "org_default"

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
+from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
@@ -150,8 +151,9 @@ class GateStats(Protocol):
 class Gate:
     """The gate's decision logic and its feedback loop; one instance per model instance.
 
-    Per request, the adapter calls `decide()` once and `finish()` exactly once afterwards (it counts
-    requests in flight for the load gate). In between: `record_speculative()` when a speculative
+    Per request, the adapter takes a ticket from `admission` first (AdmissionQueue: it may refuse
+    the request as overloaded), then calls `decide()` once and `finish()` exactly once afterwards
+    (it counts requests in flight for the load gate). In between: `record_speculative()` when a speculative
     engine (served or mirrored) finished with stats, `record_failure()` when an engine call failed,
     and, for `decision.shadow`, `end_shadow()` exactly once (frees the mirror slot).
     """
@@ -169,6 +171,8 @@ class Gate:
         self._store = PolicyStore(policy_path, check_interval_s=reload_interval_s, now=now)
         self._tenant_labels = TenantLabels(label_secret if label_secret is not None else secrets.token_bytes(32))
         self._metrics = GateMetrics(metric_factory, ROUTE_OF.items())
+        # the adapter's bounded queue (admission.py); limits from the live policy
+        self.admission = AdmissionQueue(lambda: self._store.current().admission, self._metrics)
         self._breakers = CircuitBreakers(now, on_transition=self._on_transition)
         self._lock = threading.Lock()
         self._in_flight = 0
