@@ -21,6 +21,14 @@ TEST_POLICY = TEST_OUT / "policy.yaml"
 TEST_KEYS = TEST_OUT / "tenants.yaml"  # the key file TEST_POLICY names
 
 
+def stub_pids(model: str) -> set[int]:
+    """Python-backend stub processes of `model` in this suite's server only: other servers on the
+    machine (a `make serve`, another checkout's tests) run stubs of the same models."""
+    out = subprocess.run(["pgrep", "-af", "triton_python_backend_stub"], capture_output=True, text=True).stdout
+    ours = f" {TEST_OUT / 'model_repository' / model}/"
+    return {int(line.split()[0]) for line in out.splitlines() if ours in line}
+
+
 def require_checkpoint() -> Path:
     if not (CHECKPOINT / "model.safetensors").exists():
         pytest.fail(f"no checkpoint at {CHECKPOINT}: run `make build-engines` (make test does it first)")

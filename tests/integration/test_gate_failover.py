@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from loadtest.metrics import delta, scrape
 from specgate.client import GenerateParams, collect
 from specgate.launcher import admin_headers
+from tests.conftest import stub_pids
 
 PROMPTS = [
     "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river.",
@@ -65,11 +65,6 @@ def test_control_apis_refuse_callers_without_the_admin_key(http, grpc, server):
     assert _ready(http)
 
 
-def _stub_pids(model: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"triton_python_backend_stub.*/{model}/"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
 def _run_concurrently(http, grpc, during) -> list[tuple[str, str, str]]:
     """Stream every prompt speculatively (HTTP and gRPC alternately) and call `during` mid-run."""
 
@@ -92,7 +87,7 @@ def test_spec_engine_killed_or_unloaded_loses_no_request(http, grpc, server):
     try:
         # 1. kill the engine's process mid-stream: requests continue on the baseline
         def kill() -> None:
-            pids = _stub_pids("spec_engine")
+            pids = stub_pids("spec_engine")
             assert pids, "spec_engine stub process not found"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import threading
 import time
 
 import yaml
 
 from specgate.client import GenerateParams, collect
-from tests.conftest import TEST_POLICY
+from tests.conftest import TEST_POLICY, stub_pids
 
 DURATION_S = float(os.environ.get("SPECGATE_SOAK_S", 90))
 WORKERS = 12
@@ -31,11 +30,6 @@ PROMPTS = [
 ]
 
 
-def _stub_pids(model: str) -> set[int]:
-    out = subprocess.run(["pgrep", "-f", f"triton_python_backend_stub.*/{model}/"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
 def _write_policy(policy: dict) -> None:
     tmp = TEST_POLICY.with_suffix(".soak.tmp")
     tmp.write_text(yaml.safe_dump(policy))
@@ -43,7 +37,7 @@ def _write_policy(policy: dict) -> None:
 
 
 def test_gate_survives_mixed_concurrent_traffic_and_reloads(http, grpc):
-    gate_pids = _stub_pids("spec_gate")
+    gate_pids = stub_pids("spec_gate")
     assert gate_pids, "spec_gate stub process not found"
     original = yaml.safe_load(TEST_POLICY.read_text())
     deadline = time.monotonic() + DURATION_S
@@ -85,6 +79,6 @@ def test_gate_survives_mixed_concurrent_traffic_and_reloads(http, grpc):
     finally:
         _write_policy(original)
     assert not errors, f"{len(errors)} of {len(errors) + len(done)} requests failed, e.g. {errors[:3]}"
-    assert _stub_pids("spec_gate") == gate_pids, "the spec_gate stub died or was restarted during the soak"
+    assert stub_pids("spec_gate") == gate_pids, "the spec_gate stub died or was restarted during the soak"
     assert {"baseline", "speculative"} <= set(done), f"routes seen: {set(done)}"
     print(f"soak: {len(done)} requests in {DURATION_S:.0f} s, no errors")
