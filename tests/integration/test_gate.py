@@ -309,3 +309,13 @@ def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
     assert delta(before, after, "spec_gate_overloaded_total", reason="queue_full") == 3
     assert delta(before, after, "spec_gate_overloaded_total", reason="queue_timeout") == 1
     assert value(after, "spec_gate_queued") == 0
+
+
+def test_a_tiny_temperature_is_greedy_not_an_engine_failure(http, server):
+    """1e-40 used to overflow spec_engine's logits: every such request failed over to the baseline
+    and counted against the (shared) breaker. Below 1e-5 it is greedy, in the gate and the engines."""
+    before = scrape(server.metrics)
+    greedy = http.generate(CAPS, GREEDY, spec_mode="off").text
+    r = http.generate(CAPS, GenerateParams(max_tokens=24, num_speculative_tokens=4, temperature=1e-40), spec_mode="prod")
+    assert (r.meta["route"], r.meta["gate_reason"], r.text) == ("speculative", "prod", greedy)
+    assert delta(before, scrape(server.metrics), "spec_gate_engine_failures_total", engine="speculative") == 0

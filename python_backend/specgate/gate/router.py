@@ -153,8 +153,8 @@ class Gate:
 
     Per request, the adapter takes a ticket from `admission` first (AdmissionQueue: it may refuse
     the request as overloaded), then calls `decide()` once and `finish()` exactly once afterwards
-    (it counts requests in flight for the load gate). In between: `record_speculative()` when a speculative
-    engine (served or mirrored) finished with stats, `record_failure()` when an engine call failed,
+    (it counts requests in flight for the load gate). In between: `record_speculative()` when a
+    speculative engine (served or mirrored) finished with stats, `record_failure()` when an engine call failed,
     and, for `decision.shadow`, `end_shadow()` exactly once (frees the mirror slot).
     """
 
@@ -204,11 +204,11 @@ class Gate:
         tenant_key, tenant = _tenant(inputs.api_key, policy, keys)
         label = self._label(tenant_key)
         requested = _requested_mode(inputs, policy)
+        algorithm, k = _speculation(inputs, tenant, policy)  # the last check that may reject it
         if requested is not None and not _override(tenant, "allow_override", policy.allow_override):
             self._metrics.override_ignored(label)
             requested = None
         mode = requested if requested is not None else _override(tenant, "mode", policy.mode)
-        algorithm, k = _speculation(inputs, tenant, policy)
         with self._lock:  # count this request and read the load before it, atomically
             already = self._in_flight
             self._in_flight += 1
