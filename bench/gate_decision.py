@@ -19,14 +19,16 @@ from pathlib import Path
 
 from specgate.gate import Gate, RequestInputs
 from specgate.gate.metrics import InMemoryMetricFactory
+from specgate.gate.tenants import hash_key
 
 REPO = Path(__file__).resolve().parents[1]
 TENANTS = {f"tenant-key-{i}": ("prod", "shadow", "off")[i % 3] for i in range(20)}
 
 
 def _policy_file(base: Path, directory: Path) -> Path:
-    tenants = "".join(f"  {k}: {{mode: {m}}}\n" for k, m in TENANTS.items())
-    text = base.read_text().replace("tenants: {}", "tenants:\n" + tenants)
+    (directory / "tenants.yaml").write_text("".join(f"team-{i}: [{hash_key(k)}]\n" for i, k in enumerate(TENANTS)))
+    tenants = "".join(f"  team-{i}: {{mode: {m}}}\n" for i, m in enumerate(TENANTS.values()))
+    text = base.read_text().replace("tenants: {}", "tenants:\n" + tenants).replace("key_file: null", "key_file: tenants.yaml")
     path = directory / "policy.yaml"
     path.write_text(text)
     return path

@@ -52,11 +52,13 @@ from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
 from specgate.contract import EAGLE_HEAD_ALGORITHMS  # noqa: E402
+from specgate.gate.tenants import hash_key  # noqa: E402
 from specgate.launcher import Ports, running, server_env  # noqa: E402
 
 OUT = RESULTS / "report"
 WORK = ROOT / "artifacts" / "report"
 SPEC_KEY = "report-speculative"  # the speculative scenario's own tenant: a breaker no other run touched
+SPEC_TENANT = "report-speculative"  # its name in the report's key file
 SERIES = ("baseline", "speculative", "gated")
 SEED = 0
 REQUEST_TIMEOUT_S = 120  # a request with no response this long counts as an error instead of stalling the cell
@@ -100,6 +102,7 @@ def render(dtype: str) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     policy = WORK / "policy.yaml"
     policy.write_text((ROOT / "policy" / "default.yaml").read_text())
+    (WORK / "tenants.yaml").write_text(f"{SPEC_TENANT}: [{hash_key(SPEC_KEY)}]\n")
     subprocess.run([sys.executable, "-m", "build.build_engines", "--dtype", dtype, "--out-dir", str(WORK), "--policy", str(policy)],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads((WORK / "engines" / "cpu" / "spec_engine.json").read_text())
@@ -119,7 +122,8 @@ def policies(engine: dict[str, Any]) -> tuple[dict, dict, str | None]:
                 f"the report's policy uses the engine's default `{engine['default_algorithm']}` (otherwise every speculative "
                 f"request fails over to baseline with reason spec_engine_failure)")
         gated["speculative"]["algorithm"] = engine["default_algorithm"]
-    gated["tenants"] = {SPEC_KEY: {"name": "bench.report speculative", "mode": "prod"}}
+    gated["key_file"] = "tenants.yaml"
+    gated["tenants"] = {SPEC_TENANT: {"mode": "prod"}}
     spec = copy.deepcopy(gated)
     spec["load"]["max_in_flight"] = None
     spec["breaker"].update(min_samples=10**9, failure_threshold=10**9)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from tqdm import tqdm
 
 CHECKPOINT = Path("artifacts/checkpoints/smollm2-135m-instruct")
@@ -27,6 +29,9 @@ WORK = Path("artifacts/eagle")
 DISTILL_FILE = WORK / "distill.jsonl"
 HELDOUT_PERCENT = 2
 ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "system": "system"}
+# A killed run leaves one cut last line, which is expected; more malformed lines than this share of
+# the cache mean a damaged or foreign file, and training on the rest would hide it.
+MAX_MALFORMED_FRACTION = 0.01
 
 
 @dataclass(frozen=True)
@@ -107,17 +112,51 @@ def sharegpt_samples(convs: list[dict], indices: list[int], tok, max_len: int) -
             yield Sample(i, ids, skip)
 
 
+class DistillRecord(BaseModel):
+    """One line of the distill cache."""
+
+    idx: int = Field(ge=0)
+    prompt_len: int = Field(ge=1)
+    ids: list[int]
+
+    @model_validator(mode="after")
+    def _prompt_within_ids(self) -> DistillRecord:
+        if self.prompt_len > len(self.ids):
+            raise ValueError(f"prompt_len {self.prompt_len} > {len(self.ids)} ids")
+        return self
+
+
+class MalformedCache(ValueError):
+    """The distill cache has more malformed lines than MAX_MALFORMED_FRACTION allows."""
+
+
 def distill_samples(path: Path = DISTILL_FILE) -> list[Sample]:
-    """Cached self-distilled sequences (prompt + greedy reply); training starts at the reply."""
+    """Cached self-distilled sequences (prompt + greedy reply); training starts at the reply.
+
+    Malformed lines are skipped and reported on stderr; above MAX_MALFORMED_FRACTION of the lines it
+    raises MalformedCache. A cut last line (no newline: a killed run) is skipped without counting.
+    """
     if not path.exists():
         return []
-    out = []
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    lines = text.splitlines()
+    out: list[Sample] = []
+    bad: list[str] = []
+    for n, line in enumerate(lines, 1):
         try:
-            r = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a killed run
+            r = DistillRecord.model_validate_json(line)
+        except ValidationError as exc:
+            if n == len(lines) and not text.endswith("\n"):
+                print(f"[eagle-data] {path}: last line cut by a killed run, skipped", file=sys.stderr, flush=True)
+                continue
+            bad.append(f"line {n}: {exc.errors()[0]['msg']}")
             continue
-        out.append(Sample(r["idx"], r["ids"], r["prompt_len"] - 1))
+        out.append(Sample(r.idx, r.ids, r.prompt_len - 1))
+    if bad:
+        report = f"{path}: {len(bad)} of {len(lines)} lines malformed ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''})"
+        if len(bad) > MAX_MALFORMED_FRACTION * len(lines):
+            raise MalformedCache(f"{report}: more than {MAX_MALFORMED_FRACTION:.0%}; repair or delete the file")
+        print(f"[eagle-data] warning: {report}, skipped", file=sys.stderr, flush=True)
     return out
 
 
@@ -174,7 +213,7 @@ def generate_distill(
                     if eos in reply:
                         reply = reply[: reply.index(eos) + 1]
                     n_tok += len(reply)
-                    f.write(json.dumps({"idx": i, "prompt_len": len(ids), "ids": ids + reply}) + "\n")
+                    f.write(DistillRecord(idx=i, prompt_len=len(ids), ids=ids + reply).model_dump_json() + "\n")
                 f.flush()
                 bar.update(len(rows))
                 bar.set_postfix(tok_s=f"{n_tok / (time.time() - t0):.0f}")

@@ -11,7 +11,7 @@ import sys
 import time
 
 from specgate.contract import SPEC_ALGORITHMS
-from specgate.client import GenerateParams, GrpcClient, HttpClient, ServerError
+from specgate.client import GenerateParams, GrpcClient, HttpClient, ServerError, ServerUnreachable
 
 
 def main() -> None:
@@ -51,6 +51,8 @@ def main() -> None:
             sys.stdout.write(ch.text)
             sys.stdout.flush()
             last = ch
+    except ServerUnreachable as exc:
+        sys.exit(f"error: {exc}. Is the server up? Start it with `make serve` and wait for \"[serve] ready\".")
     except ServerError as exc:
         sys.exit(f"\nerror: {exc}")
     total = time.perf_counter() - t0

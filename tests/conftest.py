@@ -28,6 +28,15 @@ HEAD = ROOT / "heads" / "smollm2-135m-eagle"  # the shipped EAGLE head
 TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
 FREE_DRAFTING = json.dumps({"cost_ratios": {"1": 1.0, "32": 1.0}, "draft_ms": {a: 0.0 for a in SPEC_ALGORITHMS}})
+TEST_KEYS = TEST_OUT / "tenants.yaml"  # the key file TEST_POLICY names
+
+
+def stub_pids(model: str) -> set[int]:
+    """Python-backend stub processes of `model` in this suite's server only: other servers on the
+    machine (a `make serve`, another checkout's tests) run stubs of the same models."""
+    out = subprocess.run(["pgrep", "-af", "triton_python_backend_stub"], capture_output=True, text=True).stdout
+    ours = f" {TEST_OUT / 'model_repository' / model}/"
+    return {int(line.split()[0]) for line in out.splitlines() if ours in line}
 
 
 def require_checkpoint() -> Path:
@@ -54,7 +63,8 @@ def server(checkpoint: Path):
     from specgate.launcher import Ports, running
 
     TEST_OUT.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit this copy live
+    shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit these copies live
+    shutil.copy(ROOT / "tests" / "integration" / "tenants.yaml", TEST_KEYS)
     subprocess.run(
         [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT), "--policy", str(TEST_POLICY),
          "--calibration-override", FREE_DRAFTING],

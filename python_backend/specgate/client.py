@@ -29,6 +29,14 @@ class ServerError(RuntimeError):
         self.status = status
 
 
+class ServerUnreachable(ServerError):
+    """Nothing answers at `address`: the server is not started, still loading, or on another port."""
+
+    def __init__(self, address: str, cause: str) -> None:
+        super().__init__(f"cannot reach {address}: {cause}")
+        self.address = address
+
+
 @dataclass
 class Chunk:
     text: str
@@ -88,9 +96,15 @@ class HttpClient:
     def _body(self, prompt: str, p: GenerateParams, stream: bool, api_key: str | None, spec_mode: str | None) -> dict:
         return {"text_input": prompt, "stream": stream, **p.fields(), **_headers(api_key, spec_mode)}
 
+    def _post(self, endpoint: str, body: dict, stream: bool = False) -> requests.Response:
+        try:
+            return self.session.post(f"{self.base}/v2/models/{self.model}/{endpoint}", json=body, stream=stream, timeout=self.timeout_s)
+        except requests.ConnectionError as exc:
+            raise ServerUnreachable(self.base, _root_cause(exc)) from None
+
     def generate(self, prompt: str, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None) -> Result:
         t0 = time.perf_counter()
-        r = self.session.post(f"{self.base}/v2/models/{self.model}/generate", json=self._body(prompt, p, False, api_key, spec_mode), timeout=self.timeout_s)
+        r = self._post("generate", self._body(prompt, p, False, api_key, spec_mode))
         if r.status_code != 200:
             raise ServerError(_error_text(r.text), r.status_code)
         d = r.json()
@@ -98,12 +112,7 @@ class HttpClient:
 
     def stream(self, prompt: str, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None) -> Iterator[Chunk]:
         t0 = time.perf_counter()
-        with self.session.post(
-            f"{self.base}/v2/models/{self.model}/generate_stream",
-            json=self._body(prompt, p, True, api_key, spec_mode),
-            stream=True,
-            timeout=self.timeout_s,
-        ) as r:
+        with self._post("generate_stream", self._body(prompt, p, True, api_key, spec_mode), stream=True) as r:
             for line in r.iter_lines(decode_unicode=False):
                 if not line.startswith(b"data:"):
                     continue
@@ -223,23 +232,33 @@ def _grpc_responses(
     """One request on a gRPC bidirectional stream: tritonclient results until the final response.
     ServerError on an error response or when nothing arrives for `timeout_s`."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
     finished = False
     try:
-        client.async_stream_infer(
-            model, inputs, parameters=parameters,
-            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None,
-            enable_empty_final_response=True,
-        )
+        try:
+            client.async_stream_infer(
+                model, inputs, parameters=parameters,
+                outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None,
+                enable_empty_final_response=True,
+            )
+        except InferenceServerException:
+            # the stream failed before the request went out (e.g. nothing listens at `url`): the
+            # callback has the reason, handled below like any other error
+            if q.empty():
+                raise
         while True:
             try:
                 result, error = q.get(timeout=timeout_s)
             except queue.Empty:
                 raise ServerError(f"no response for {timeout_s:.0f} s") from None
             if error is not None:
+                # a transport failure carries a gRPC status; an error response from a model does not
+                if error.status() == "StatusCode.UNAVAILABLE":
+                    raise ServerUnreachable(f"grpc://{url}", error.message().split(";")[0])
                 raise ServerError(str(error))
             yield result
             final = result.get_response().parameters.get("triton_final_response")
@@ -267,6 +286,13 @@ def _scalar(v: Any) -> Any:
     if isinstance(v, list):
         return v[0] if v else None
     return v
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost reason of a requests ConnectionError, e.g. "[Errno 111] Connection refused"."""
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
+    return str(exc)
 
 
 def _error_text(body: str) -> str:

@@ -108,6 +108,11 @@ def engine_inputs(
     return {name: np.asarray(v, dtype=dtypes[name]) for name, v in values.items()}
 
 
+# Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`, the same value). Dividing logits by a
+# tiny positive temperature overflows float32, the softmax becomes NaN and sampling fails; the gate's
+# request model and the engines' SamplingParams both read this one constant.
+SAMPLING_EPS = 1e-5
+
 # Per-request speculative knobs travel to spec_engine as request *parameters*, not tensors, so the
 # tensor contract stays the TensorRT-LLM one (which fixes the algorithm at engine build time).
 PARAM_ALGORITHM = "speculative_algorithm"

@@ -2,13 +2,18 @@
 
 Finds `tritonserver` on PATH (the NGC image) or else the binary bundled in `nvidia-pytriton`, lays out
 a backend directory with the Python backend and the stub for the running Python, and forwards the
-gate's headers (`x-...`) as request parameters.
+gate's headers (`x-...`) as request parameters. The first start creates the server's secrets in
+artifacts/secrets/ (mode 0600); later starts reuse them, so tenant metric labels stay stable.
+
+Triton's control APIs (RESTRICTED_APIS) answer only requests that carry the admin header, whose
+value is artifacts/secrets/admin.key; inference, health, metadata and metrics stay open.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,9 +29,22 @@ from typing import Iterator
 import urllib.request
 
 from specgate.engine.compute_lock import ENV as ENV_COMPUTE_LOCK
+from specgate.gate.labels import LABEL_KEY_ENV
+from specgate.secret_file import ensure_secret, read_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_PATTERN = "x-.*"
+SECRETS = ROOT / "artifacts" / "secrets"
+LABEL_SECRET = SECRETS / "label.key"  # HMAC key of the gate's tenant metric labels
+ADMIN_SECRET = SECRETS / "admin.key"  # the value the admin header must carry
+# Not x-...: HEADER_PATTERN would forward it into the models' request parameters.
+ADMIN_HEADER = "specgate-admin-key"
+# Loading and unloading models (which runs the repository's code), shared-memory regions, and the
+# log and trace settings (trace settings name files the server writes). Model config and
+# statistics are read-only and stay open with inference, health and metadata.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
+# Triton 2.51 expects the gRPC metadata key with this prefix (seen in its refusal message).
+GRPC_RESTRICTED_PREFIX = "triton-grpc-protocol-"
 
 
 @dataclass(frozen=True)
@@ -83,10 +101,29 @@ def server_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     # Engines of this machine take turns per decode (engine/compute_lock.py).
     env.setdefault(ENV_COMPUTE_LOCK, str(Path(tempfile.gettempdir()) / "specgate-compute.lock"))
+    env[LABEL_KEY_ENV] = str(LABEL_SECRET)
     return env
 
 
-def command(repo: Path, ports: Ports, backends: Path, extra: list[str] | None = None) -> list[str]:
+def restricted_api_args(header: str, key: str) -> list[str]:
+    """Triton's flags that put RESTRICTED_APIS behind `header: key`, over HTTP and gRPC.
+
+    Triton 2.51 reads the key only from its command line (`<apis>:<header>=<key>`), so it shows in
+    the process list to users of the same machine."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", header) or re.fullmatch(HEADER_PATTERN, header):
+        raise ValueError(f"admin header {header!r}: use lowercase letters, digits and '-', not starting with 'x-'")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+        raise ValueError("admin key: letters, digits, '_' and '-' only (Triton splits its flag at ':', ',' and '=')")
+    spec = f"{','.join(RESTRICTED_APIS)}:{header}={key}"
+    return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+
+
+def admin_headers(header: str = ADMIN_HEADER, grpc: bool = False) -> dict[str, str]:
+    """The header (HTTP) or metadata (gRPC) a control-API call needs (tests, operators' scripts)."""
+    return {(GRPC_RESTRICTED_PREFIX if grpc else "") + header: read_secret(ADMIN_SECRET)}
+
+
+def command(repo: Path, ports: Ports, backends: Path, admin_header: str = ADMIN_HEADER, extra: list[str] | None = None) -> list[str]:
     return [
         str(find_tritonserver()),
         f"--model-repository={repo}",
@@ -104,6 +141,7 @@ def command(repo: Path, ports: Ports, backends: Path, extra: list[str] | None = 
         # engines import torch and load weights at start-up: on a busy 2-core machine that outlasts
         # the Python backend's default 30 s stub handshake and the model fails to load
         "--backend-config=python,stub-timeout-seconds=300",
+        *restricted_api_args(admin_header, read_secret(ADMIN_SECRET)),
         *(extra or []),
     ]
 
@@ -124,10 +162,16 @@ def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> 
     raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f}s")
 
 
-def start(repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None) -> subprocess.Popen:
+def start(
+    repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None, admin_header: str = ADMIN_HEADER
+) -> subprocess.Popen:
     backends = backend_dir(ROOT / "artifacts" / "triton_backends")
+    ensure_secret(LABEL_SECRET)
+    ensure_secret(ADMIN_SECRET)
     out = open(log_file, "w") if log_file else None
-    return subprocess.Popen(command(repo, ports, backends, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+    return subprocess.Popen(
+        command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True
+    )
 
 
 @contextmanager
@@ -169,13 +213,15 @@ def main() -> None:
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--admin-header", default=os.environ.get("ADMIN_HEADER", ADMIN_HEADER),
+                    help=f"header the control APIs ({', '.join(RESTRICTED_APIS)}) require; its value is {ADMIN_SECRET.relative_to(ROOT)}")
     args = ap.parse_args()
     if not (args.model_repository / "llm" / "config.pbtxt").exists():
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     # SIGTERM (e.g. from a supervisor) stops the server too, like Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    proc = start(args.model_repository, ports)
+    proc = start(args.model_repository, ports, admin_header=args.admin_header)
     try:
         print(f"[serve] starting tritonserver (pid {proc.pid}); loading models ...", flush=True)
         wait_ready(proc, ports)
@@ -184,6 +230,8 @@ def main() -> None:
             f"  HTTP     http://localhost:{ports.http}/v2/models/llm/generate  (and generate_stream)\n"
             f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
             f"  metrics  http://localhost:{ports.metrics}/metrics\n"
+            f"  control  {', '.join(RESTRICTED_APIS)} APIs need the contents of {ADMIN_SECRET.relative_to(ROOT)}\n"
+            f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
             f"  try:     python clients/generate.py 'Hello!' --stream\n"
             f"Ctrl-C stops the server.",
             flush=True,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from specgate.contract import SPEC_ALGORITHMS
+from specgate.contract import SAMPLING_EPS, SPEC_ALGORITHMS
 from specgate.errors import InvalidInput
 
 
@@ -32,7 +32,8 @@ class LLMRequest(BaseModel):
     def _temperature(cls, v: float) -> float:
         if not v >= 0.0:  # also rejects NaN
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {v}")
-        return v
+        # greedy below the epsilon, so the router, the shadow comparison and the engines all see 0
+        return 0.0 if v < SAMPLING_EPS else v
 
     @field_validator("top_p")
     @classmethod

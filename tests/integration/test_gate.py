@@ -7,15 +7,20 @@ breaker) with fp32 engines; the speculative default there is n-gram, which needs
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 import yaml
 
-from loadtest.metrics import delta, delta_by, scrape
-from specgate.client import GenerateParams, collect
+from loadtest.metrics import delta, delta_by, scrape, value
+from specgate.client import GenerateParams, ServerError, collect
 from specgate.contract import SPEC_ALGORITHMS
-from tests.conftest import TEST_POLICY
+from specgate.gate.tenants import hash_key
+from tests.conftest import TEST_KEYS, TEST_OUT, TEST_POLICY
 
 GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)
 # n-gram drafting finds its continuation in the prompt: high acceptance (0.67-0.83 measured at k=4),
@@ -33,19 +38,24 @@ NOVEL = [
 
 
 @contextlib.contextmanager
-def live_policy(edit):
-    """Apply `edit(policy dict)` to the server's live policy copy for the block, then restore it."""
-    original = TEST_POLICY.read_text()
+def live_policy(edit, keys: dict[str, str] | None = None):
+    """Apply `edit(policy dict)` to the server's live policy copy for the block, and add `keys`
+    (tenant name -> API key) to its key file; then restore both."""
+    original, original_keys = TEST_POLICY.read_text(), TEST_KEYS.read_text()
     policy = yaml.safe_load(original)
     edit(policy)
-    tmp = TEST_POLICY.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(policy))
-    tmp.replace(TEST_POLICY)
-    time.sleep(2.5)  # the gate checks the file at most once a second
+    key_file = yaml.safe_load(original_keys)
+    key_file.update({name: [hash_key(key)] for name, key in (keys or {}).items()})
+    for path, data in ((TEST_KEYS, key_file), (TEST_POLICY, policy)):  # keys first: the policy needs them
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data))
+        tmp.replace(path)
+    time.sleep(2.5)  # the gate checks the files at most once a second
     try:
         yield
     finally:
         TEST_POLICY.write_text(original)
+        TEST_KEYS.write_text(original_keys)
         time.sleep(2.5)
 
 
@@ -174,9 +184,9 @@ def test_policy_without_k_sends_the_engines_default_for_the_algorithm(http, serv
     spec_engine drafts its own default for the algorithm (eagle2: 8-node trees), not some fixed k."""
     def edit(policy: dict) -> None:
         policy["speculative"].update(algorithm="eagle2", num_speculative_tokens=None)
-        policy["tenants"]["tenant-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
+        policy["tenants"]["team-defaults"] = {"mode": "prod"}  # its own breaker: shares nothing
 
-    with live_policy(edit):
+    with live_policy(edit, keys={"team-defaults": "tenant-defaults"}):
         before = scrape(server.metrics)
         r = http.generate(NOVEL[0], GenerateParams(max_tokens=48), api_key="tenant-defaults")
         after = scrape(server.metrics)
@@ -193,13 +203,119 @@ def test_every_algorithm_serves_losslessly_through_triton(http, grpc):
     and streamed gRPC. One tenant per algorithm, so a weak drafter's breaker cannot hide the next."""
     def edit(policy: dict) -> None:
         policy["speculative"]["num_speculative_tokens"] = None
-        policy["tenants"].update({f"algo-{a}": {"mode": "prod", "algorithm": a} for a in SPEC_ALGORITHMS})
+        policy["tenants"].update({f"team-algo-{a}": {"mode": "prod", "algorithm": a} for a in SPEC_ALGORITHMS})
 
     expected = http.generate(CAPS, GenerateParams(max_tokens=24)).text
-    with live_policy(edit):
+    with live_policy(edit, keys={f"team-algo-{a}": f"algo-{a}" for a in SPEC_ALGORITHMS}):
         for algorithm in SPEC_ALGORITHMS:
             unary = http.generate(CAPS, GenerateParams(max_tokens=24), api_key=f"algo-{algorithm}")
             streamed = collect(grpc.stream(CAPS, GenerateParams(max_tokens=24), api_key=f"algo-{algorithm}"))
             for r in (unary, streamed):
                 assert r.meta["route"] == "speculative" and r.meta["num_draft_tokens"] > 0, (algorithm, r.meta)
                 assert r.text == expected, algorithm
+
+
+def test_a_tenant_without_allow_override_cannot_choose_its_mode(http, grpc, server):
+    before = scrape(server.metrics)
+    assert route_of(http, api_key="tenant-locked", spec_mode="prod")[:2] == ("baseline", "mode_off")
+    on = GenerateParams(max_tokens=8, num_speculative_tokens=4, use_speculative_decoding=True)
+    assert route_of(grpc, params=on, api_key="tenant-locked")[:2] == ("baseline", "mode_off")
+    ignored = delta_by(before, scrape(server.metrics), "spec_gate_override_ignored_total", "tenant")
+    assert list(ignored.values()) == [2] and "org" not in ignored  # both counted under its own label
+
+
+def test_raw_keys_never_reach_logs_metrics_or_errors(http, grpc, server):
+    """Known, unknown and refused keys, over both protocols and through the error paths: none shows
+    up in the server's log (the gate logs there), on /metrics, or in an error the client gets."""
+    unknown = f"unknown-key-{uuid.uuid4().hex}"
+    refused = f"refused-key-{uuid.uuid4().hex}"
+    known = "tenant-prod"
+    errors: list[str] = []
+
+    def attempt(call) -> None:
+        try:
+            call()
+        except ServerError as exc:
+            errors.append(str(exc))
+
+    short = GenerateParams(max_tokens=4, num_speculative_tokens=4)
+    for key in (known, unknown):
+        attempt(lambda: http.generate(PROMPT, short, api_key=key))
+        attempt(lambda: collect(grpc.stream(PROMPT, short, api_key=key)))
+        attempt(lambda: http.generate(PROMPT, short, api_key=key, spec_mode="maybe"))  # malformed header
+        attempt(lambda: collect(grpc.stream(PROMPT, short, api_key=key, spec_mode="maybe")))
+    with live_policy(lambda p: p.update(unknown_tenant="reject")):
+        attempt(lambda: http.generate(PROMPT, short, api_key=refused))
+        attempt(lambda: collect(grpc.stream(PROMPT, short, api_key=refused)))
+    assert len(errors) == 6, errors  # 4 malformed headers, 2 refused keys
+    time.sleep(1)  # the stubs' log lines reach the server log
+    haystacks = {
+        "errors": "\n".join(errors),
+        "metrics": requests.get(f"http://localhost:{server.metrics}/metrics", timeout=10).text,
+        "server log": (TEST_OUT / "tritonserver.log").read_text(errors="replace"),
+    }
+    for where, text in haystacks.items():
+        for key in (known, unknown, refused):
+            assert key not in text, f"{key} found in the {where}"
+
+
+def test_series_exist_at_zero_before_their_first_event(server):
+    """On the real metrics endpoint: counters a shadow mismatch, an ignored override or a draft
+    position would create are there from load (the suite's shadow mirrors never mismatch in fp32)."""
+    m = scrape(server.metrics)
+    names = {(n, tuple(sorted(dict(labels)))) for n, labels in m}
+    for name in ("spec_gate_shadow_mismatch_total", "spec_gate_shadow_comparisons_total", "spec_decode_num_drafts_total"):
+        assert (name, ()) in names, name
+    assert ("spec_gate_override_ignored_total", frozenset({("tenant", "org")})) in m
+    tenants = {dict(labels)["tenant"] for n, labels in m if n == "spec_gate_circuit_open"}
+    assert "org" in tenants and len(tenants) >= 7  # org + the six tenants of the suite's key file
+    positions = {dict(labels)["position"] for n, labels in m if n == "spec_decode_num_accepted_tokens_per_pos_total"}
+    assert positions >= {str(i) for i in range(8)}  # max_num_speculative_tokens: 8
+
+
+def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
+    """One slot, one queue place: a request that finds the queue full is refused at once over every
+    protocol; the queued one is refused when its wait times out. The gate answers UNAVAILABLE, but
+    Triton 2.51's generate endpoints send 400 for any model error and gRPC streams carry no status,
+    so clients see the "overloaded:" message (docs/gate.md, 'Admission'). The 400s pin what 2.51
+    does: an upgrade that maps the code to 503 fails here, and the docs need updating."""
+    long = GenerateParams(max_tokens=300)  # holds the only slot for several seconds
+    short = GenerateParams(max_tokens=4)
+    body = {"text_input": PROMPT, "max_tokens": 4}
+    with live_policy(lambda p: p.update(admission={"max_concurrent": 1, "max_queued": 1, "queue_timeout_s": 3})):
+        before = scrape(server.metrics)
+        holder = grpc.stream("Count from 1 to 500, separated by commas.", long, spec_mode="off")
+        next(holder)  # it is being served
+        with ThreadPoolExecutor(1) as ex:
+            queued = ex.submit(http.generate, PROMPT, short)
+            time.sleep(0.5)  # it waits in the queue
+            t0 = time.monotonic()
+            unary = requests.post(f"{http.base}/v2/models/llm/generate", json=body, timeout=60)
+            sse = requests.post(f"{http.base}/v2/models/llm/generate_stream", json={**body, "stream": True}, timeout=60)
+            with pytest.raises(ServerError) as grpc_err:
+                collect(grpc.stream(PROMPT, short))
+            refused_in = time.monotonic() - t0
+            with pytest.raises(ServerError) as timed_out:
+                queued.result(timeout=60)
+        rest = list(holder)
+        after = scrape(server.metrics)
+    assert refused_in < 2.5  # at once, not after the queue timeout
+    full = "in ensemble 'llm', overloaded: 1 requests already queued (admission.max_queued); retry later"
+    assert (unary.status_code, unary.json()["error"]) == (400, full)
+    assert sse.status_code == 400 and json.loads(sse.text.removeprefix("data:"))["error"] == full
+    assert str(grpc_err.value) == full
+    assert timed_out.value.status == 400 and "overloaded: no free slot within 3 s" in str(timed_out.value)
+    assert rest[-1].meta["num_output_tokens"] > 4  # the request holding the slot was not disturbed
+    assert delta(before, after, "spec_gate_overloaded_total", reason="queue_full") == 3
+    assert delta(before, after, "spec_gate_overloaded_total", reason="queue_timeout") == 1
+    assert value(after, "spec_gate_queued") == 0
+
+
+def test_a_tiny_temperature_is_greedy_not_an_engine_failure(http, server):
+    """1e-40 used to overflow spec_engine's logits: every such request failed over to the baseline
+    and counted against the (shared) breaker. Below 1e-5 it is greedy, in the gate and the engines."""
+    before = scrape(server.metrics)
+    greedy = http.generate(CAPS, GREEDY, spec_mode="off").text
+    r = http.generate(CAPS, GenerateParams(max_tokens=24, num_speculative_tokens=4, temperature=1e-40), spec_mode="prod")
+    assert (r.meta["route"], r.meta["gate_reason"], r.text) == ("speculative", "prod", greedy)
+    assert delta(before, scrape(server.metrics), "spec_gate_engine_failures_total", engine="speculative") == 0

@@ -18,8 +18,7 @@ import time
 import yaml
 
 from specgate.client import GenerateParams, collect
-from tests.conftest import TEST_POLICY
-from tests.integration.stubs import stub_pids
+from tests.conftest import TEST_POLICY, stub_pids
 
 DURATION_S = float(os.environ.get("SPECGATE_SOAK_S", 90))
 WORKERS = 12

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
+from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
-from specgate.gate.router import Gate, RequestInputs
+from specgate.gate.router import REASONS, Gate, RequestInputs
+from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
 
@@ -39,6 +40,9 @@ def test_families_and_kinds(pb: InMemoryMetricFactory, fams: dict[str, InMemoryF
         "spec_gate_decision_latency_seconds": "histogram",
         "spec_gate_engine_failures_total": "counter",
         "spec_gate_in_flight": "gauge",
+        "spec_gate_override_ignored_total": "counter",
+        "spec_gate_overloaded_total": "counter",
+        "spec_gate_queued": "gauge",
     }
 
 
@@ -56,9 +60,10 @@ def test_speculative_stats_exact_counts(pb: InMemoryMetricFactory, fams: dict[st
 
 def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text("mode: prod\ntenants: {secret-key: {}}\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
-    gate = Gate(str(path), metric_factory=pb)
-    label = hashlib.sha256(b"secret-key").hexdigest()[:8]
+    (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('secret-key')}]\n")
+    path.write_text("mode: prod\nkey_file: keys.yaml\nallow_override: true\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
+    gate = Gate(str(path), metric_factory=pb, label_secret=b"s")
+    label = TenantLabels(b"s")("team")
 
     decisions = [gate.decide(RequestInputs(api_key="secret-key", temperature=t)) for t in (0.1, 0.2, 0.9)]
     for d in decisions:
@@ -101,7 +106,7 @@ def test_no_factory_exports_nothing_and_works() -> None:
     d = gate.decide(RequestInputs(use_speculative_decoding=True))
     gate.record_speculative(d, SpecStats(draft_tokens=4, accepted_tokens=4))
     gate.finish(d)
-    assert d.route == "speculative"
+    assert (d.route, d.reason) == ("baseline", "mode_off")  # built-in policy: off, overrides not allowed
 
 
 def test_dashboard_plots_every_gate_metric_and_triton_ones(pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
@@ -122,3 +127,32 @@ def test_drafts_estimated_when_the_engine_reports_none(pb: InMemoryMetricFactory
     gate.record_speculative(d, SpecStats(draft_tokens=0, accepted_tokens=0, num_drafts=0))
     gate.finish(d)
     assert fams["spec_decode_num_drafts_total"].value() == 3  # ceil(7 / 3); nothing drafted: 0
+
+
+def test_every_series_known_at_load_exists_at_zero(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    """A dashboard shows 0, not "no data", and a rate() alert can start before the first event."""
+    (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('k')}]\n")
+    path = tmp_path / "p.yaml"
+    path.write_text("key_file: keys.yaml\nspeculative: {max_num_speculative_tokens: 5}\n")
+    clock = [0.0]
+    gate = Gate(str(path), metric_factory=pb, label_secret=b"s", now=lambda: clock[0])
+
+    def series(name: str) -> list[dict[str, str]]:
+        assert all(m.value == 0 and not m.observations for m in fams[name].metrics), name
+        return [m.labels for m in fams[name].metrics]
+
+    for name in fams.keys() - {"spec_decode_acceptance_rate"}:  # unknown before a sample, not 0
+        assert series(name), f"{name} has no series at load"
+    assert series("spec_decode_acceptance_rate") == []
+    tenants = [{"tenant": "org"}, {"tenant": TenantLabels(b"s")("team")}]
+    assert series("spec_gate_circuit_open") == series("spec_gate_override_ignored_total") == tenants
+    assert len(series("spec_gate_decisions_total")) == len(REASONS)
+    assert {"route": "speculative", "reason": "prod"} in series("spec_gate_decisions_total")
+    assert series("spec_gate_engine_failures_total") == [{"engine": "speculative"}, {"engine": "baseline"}]
+    assert series("spec_decode_num_accepted_tokens_per_pos_total") == [{"position": str(i)} for i in range(5)]
+
+    # a tenant added to the key file later gets its series at the first decision after the reload
+    (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('k')}]\nnewcomer: [{hash_key('n')}]\n")
+    clock[0] = 5.0
+    gate.finish(gate.decide(RequestInputs()))
+    assert {"tenant": TenantLabels(b"s")("newcomer")} in [m.labels for m in fams["spec_gate_circuit_open"].metrics]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
 
 import pytest
 
-from specgate.gate.policy import Mode, Policy, PolicyStore, load_policy, parse_policy, tenant_label
+from specgate.gate.policy import Mode, Policy, PolicyStore, load_policy, parse_policy
+from specgate.gate.tenants import hash_key, parse_key_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,8 @@ def test_json_is_accepted() -> None:
         ("breaker: {probe_fraction: 0.9}", "probe_fraction"),
         ("breaker: {open_threshold: 0.7, close_threshold: 0.6}", "close_threshold"),
         ("speculative: {num_speculative_tokens: 9}", "max_num_speculative_tokens"),
-        ("tenants: {'sha256:abc': {mode: prod}}", "64 hex"),
+        (f"tenants: {{'sha256:{'0' * 64}': {{mode: prod}}}}", "keyed by name"),  # the old format
+        ("tenants: {'two words': {}}", "tenants"),
         ("mode: [unclosed", "YAML"),
     ],
 )
@@ -65,19 +66,57 @@ def test_invalid_policies_are_rejected_with_a_reason(text: str, needle: str) -> 
         parse_policy(text)
 
 
-def test_tenant_keys_raw_or_hashed_map_to_one_digest() -> None:
-    digest = hashlib.sha256(b"k1").hexdigest()
-    raw = parse_policy("tenants: {k1: {mode: prod}}")
-    hashed = parse_policy(f"tenants: {{'sha256:{digest.upper()}': {{mode: prod}}}}")
-    assert list(raw.tenants) == list(hashed.tenants) == [digest]
-    with pytest.raises(ValueError, match="twice"):
-        parse_policy(f"tenants: {{k1: {{}}, 'sha256:{digest}': {{}}}}")
+def test_key_file_maps_keys_to_tenant_names_by_hash() -> None:
+    keys = parse_key_file(f"team-a: [{hash_key('k1')}, '{hash_key('k2').upper().replace('SHA256', 'sha256')}']\nteam-b: []\n")
+    assert keys.names == {"team-a", "team-b"}
+    assert keys.tenant_of("k1") == keys.tenant_of("k2") == "team-a"  # two keys while rotating
+    assert keys.tenant_of("k3") is None
+    assert parse_key_file("{}").names == frozenset()
 
 
-def test_tenant_label_is_a_short_hash() -> None:
-    digest = hashlib.sha256(b"secret-key").hexdigest()
-    assert tenant_label(digest) == digest[:8]
-    assert "secret" not in tenant_label(digest)
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("", "empty"),
+        ("team-a: [the-raw-key-itself]", r"team-a\[0\].*sha256"),
+        ("the-raw-key-itself: []\nx y: []", "a tenant name"),
+        (f"org: [{hash_key('k')}]", "reserved"),
+        (f"a: [{hash_key('k')}]\nb: [{hash_key('k')}]", r"b\[0\].*already listed under a"),
+        ("team-a: the-raw-key-itself", "valid list"),
+        ("team-a: [the-raw-key-itself", "not YAML"),
+    ],
+)
+def test_invalid_key_files_are_rejected_without_echoing_values(text: str, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle) as err:
+        parse_key_file(text)
+    assert "the-raw-key-itself" not in str(err.value)
+
+
+def test_every_configured_tenant_needs_a_key(tmp_path: Path) -> None:
+    (tmp_path / "keys.yaml").write_text(f"team-a: [{hash_key('k1')}]\n")
+    path = tmp_path / "policy.yaml"
+    path.write_text("key_file: keys.yaml\ntenants: {team-a: {mode: prod}, team-b: {mode: prod}}\n")
+    with pytest.raises(ValueError, match="no key in .*keys.yaml: team-b"):
+        PolicyStore(path)
+    path.write_text("tenants: {team-a: {mode: prod}}\n")
+    with pytest.raises(ValueError, match="no key_file"):
+        PolicyStore(path)
+
+
+def test_key_file_edits_reload_and_a_bad_one_keeps_the_previous_keys(tmp_path: Path) -> None:
+    clock, keys = Clock(), tmp_path / "keys.yaml"
+    _write(keys, f"team-a: [{hash_key('k1')}]\n", 1)
+    _write(tmp_path / "policy.yaml", "key_file: keys.yaml\n", 1)
+    store = PolicyStore(tmp_path / "policy.yaml", now=clock)
+    assert store.snapshot().keys.tenant_of("k2") is None
+
+    _write(keys, f"team-a: [{hash_key('k1')}, {hash_key('k2')}]\n", 2)  # the policy is unchanged
+    clock.t += 1.0
+    assert store.snapshot().keys.tenant_of("k2") == "team-a"
+
+    _write(keys, "team-a: [k3]\n", 3)
+    clock.t += 1.0
+    assert store.snapshot().keys.tenant_of("k2") == "team-a"
 
 
 def test_hot_reload_and_invalid_file_keeps_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -119,7 +158,7 @@ def test_no_path_means_builtin_defaults() -> None:
 
 
 def test_unquoted_yaml_off_means_mode_off() -> None:
-    p = parse_policy("mode: off\ntenants: {k: {mode: off}}")
+    p = parse_policy("mode: off\ntenants: {team: {mode: off}}")
     assert p.mode is Mode.OFF and next(iter(p.tenants.values())).mode is Mode.OFF
     with pytest.raises(ValueError, match="mode"):
         parse_policy("mode: on")

@@ -10,21 +10,27 @@ from pathlib import Path
 import pytest
 
 from specgate.gate.breaker import BreakerState
+from specgate.gate.labels import TenantLabels
+from specgate.gate.metrics import InMemoryMetricFactory
+from specgate.gate.tenants import hash_key
 from specgate.gate.policy import Mode, PolicyError
 from specgate.gate.router import REASONS, Decision, Gate, RequestInputs
 from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
-DIGEST_B = hashlib.sha256(KEY_B.encode()).hexdigest()
+KEYS = f"team-a: [{hash_key(KEY_A)}]\nteam-b: [{hash_key(KEY_B)}]\n"
+SECRET = b"test-label-secret"
 
-POLICY = f"""
+POLICY = """
 mode: prod
-breaker: {{min_samples: 2, ema_weight: 0.5, cooldown_s: 5, probe_fraction: 0.5, probe_samples: 1}}
-load: {{max_in_flight: 3}}
-shadow: {{max_concurrent_mirrors: 1}}
+allow_override: true
+key_file: keys.yaml
+breaker: {min_samples: 2, ema_weight: 0.5, cooldown_s: 5, probe_fraction: 0.5, probe_samples: 1}
+load: {max_in_flight: 3}
+shadow: {max_concurrent_mirrors: 1}
 tenants:
-  {KEY_A}: {{mode: off, algorithm: ngram, num_speculative_tokens: 6}}
-  "sha256:{DIGEST_B}": {{mode: shadow, temperature_threshold: 1.2}}
+  team-a: {mode: off, algorithm: ngram, num_speculative_tokens: 6}
+  team-b: {mode: shadow, temperature_threshold: 1.2}
 """
 
 
@@ -36,10 +42,11 @@ class Clock:
         return self.t
 
 
-def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None) -> Gate:
+def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None, secret: bytes = SECRET) -> Gate:
+    (tmp_path / "keys.yaml").write_text(KEYS)
     path = tmp_path / "policy.yaml"
     path.write_text(text)
-    return Gate(str(path), now=clock or Clock())
+    return Gate(str(path), now=clock or Clock(), label_secret=secret)
 
 
 def decide(gate: Gate, **kw: object) -> tuple[str, str, bool]:
@@ -62,7 +69,7 @@ def test_precedence_header_over_bool_over_tenant_over_org(gate: Gate) -> None:
     assert decide(gate, api_key=KEY_A, spec_header="prod", use_speculative_decoding=False)[1] == "prod"
     assert decide(gate, spec_header="off", use_speculative_decoding=True)[1] == "mode_off"
     assert decide(gate, spec_header=" SHADOW ")[1] == "shadow"
-    assert decide(gate, api_key=KEY_B)[1] == "shadow"  # tenant keyed by sha256 in the file
+    assert decide(gate, api_key=KEY_B)[1] == "shadow"
 
 
 def test_malformed_header_is_an_error_naming_header_and_values(gate: Gate) -> None:
@@ -72,7 +79,7 @@ def test_malformed_header_is_an_error_naming_header_and_values(gate: Gate) -> No
 
 
 def test_malformed_header_ignored_when_policy_says_so(tmp_path: Path) -> None:
-    g = make_gate(tmp_path, "mode: off\nmalformed_header: ignore\n")
+    g = make_gate(tmp_path, "mode: off\nmalformed_header: ignore\nallow_override: true\n")
     assert decide(g, spec_header="maybe")[1] == "mode_off"
     assert decide(g, spec_header="maybe", use_speculative_decoding=True)[1] == "prod"
 
@@ -80,15 +87,40 @@ def test_malformed_header_ignored_when_policy_says_so(tmp_path: Path) -> None:
 def test_unknown_tenant_gets_org_default_or_is_rejected(gate: Gate, tmp_path: Path) -> None:
     d = gate.decide(RequestInputs(api_key="who-is-this"))
     assert (d.route, d.tenant, d.mode) == ("speculative", "org", Mode.PROD)
-    strict = make_gate(tmp_path, f"mode: prod\nunknown_tenant: reject\ntenants: {{{KEY_A}: {{}}}}\n")
-    with pytest.raises(PolicyError, match="x-api-key"):
-        strict.decide(RequestInputs(api_key="who-is-this"))
-    assert decide(strict, api_key=KEY_A)[0] == "speculative"
+    strict = make_gate(tmp_path, "mode: prod\nunknown_tenant: reject\nkey_file: keys.yaml\n")
+    for key in ("who-is-this", None, ""):
+        with pytest.raises(PolicyError, match="x-api-key") as err:
+            strict.decide(RequestInputs(api_key=key))
+        assert "who-is-this" not in str(err.value)
+    d = strict.decide(RequestInputs(api_key=KEY_A))  # in the key file, no settings: org's, own breaker
+    assert (d.route, d.tenant_key) == ("speculative", "team-a")
 
 
-def test_tenant_label_is_hashed(gate: Gate) -> None:
-    d = gate.decide(RequestInputs(api_key=KEY_B))
-    assert d.tenant == DIGEST_B[:8] and KEY_B not in repr(d)
+def test_request_override_is_honoured_only_where_allowed(tmp_path: Path) -> None:
+    pb = InMemoryMetricFactory()
+    path = tmp_path / "policy.yaml"
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    path.write_text("mode: off\nkey_file: keys.yaml\ntenants: {team-a: {allow_override: true}}\n")
+    g = Gate(str(path), metric_factory=pb, label_secret=SECRET)
+    ignored = pb.families["spec_gate_override_ignored_total"]
+    assert decide(g, spec_header="prod") == ("baseline", "mode_off", False)  # org: not allowed (default)
+    assert decide(g, use_speculative_decoding=True)[1] == "mode_off"  # the BOOL input is an override too
+    assert decide(g, api_key=KEY_B, spec_header="shadow")[1] == "mode_off"  # team-b inherits the org's no
+    assert decide(g, api_key=KEY_A, spec_header="prod")[1] == "prod"
+    assert ignored.value(tenant="org") == 2 and ignored.value(tenant=TenantLabels(SECRET)("team-b")) == 1
+    assert ignored.value(tenant=TenantLabels(SECRET)("team-a")) == 0
+    with pytest.raises(PolicyError, match="x-speculative-decoding"):
+        g.decide(RequestInputs(spec_header="maybe"))  # malformed is still an error, allowed or not
+
+
+def test_tenant_label_is_keyed_by_the_server_secret(tmp_path: Path) -> None:
+    def label(secret: bytes) -> str:
+        return make_gate(tmp_path, secret=secret).decide(RequestInputs(api_key=KEY_B)).tenant
+
+    assert label(b"s1") == label(b"s1") == TenantLabels(b"s1")("team-b")  # stable across restarts
+    assert label(b"s2") != label(b"s1")
+    assert label(b"s1") != hashlib.sha256(KEY_B.encode()).hexdigest()[:8]  # the old, reversible label
+    assert KEY_B not in repr(make_gate(tmp_path).decide(RequestInputs(api_key=KEY_B)))
 
 
 def test_algorithm_and_k_resolution(gate: Gate) -> None:
@@ -115,7 +147,7 @@ def test_temperature_gate(gate: Gate) -> None:
 
 
 def test_canary_is_deterministic_and_close_to_its_percentage(tmp_path: Path) -> None:
-    g = make_gate(tmp_path, "mode: prod\ncanary_percent: 30\nload: {max_in_flight: null}\n")
+    g = make_gate(tmp_path, "mode: prod\ncanary_percent: 30\nload: {max_in_flight: null}\nallow_override: true\n")
     first = [decide(g, request_id=f"req-{i}")[1] for i in range(4000)]
     again = [decide(g, request_id=f"req-{i}")[1] for i in range(4000)]
     assert first == again and set(first) == {"canary_in", "canary_out"}
@@ -230,7 +262,7 @@ def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     from specgate.llm_request import LLMRequest
 
     d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))
-    assert (d.route, d.reason, d.tenant) == ("speculative", "prod", DIGEST_B[:8])
+    assert (d.route, d.reason, d.tenant) == ("speculative", "prod", TenantLabels(SECRET)("team-b"))
     gate.record_speculative(d, EngineStats(draft_tokens=8, accepted_tokens=6))  # tensorrtllm: no drafts
     gate.finish(d)
-    assert gate.breakers.snapshot(DIGEST_B).ema == pytest.approx(0.75)
+    assert gate.breakers.snapshot("team-b").ema == pytest.approx(0.75)

@@ -10,16 +10,18 @@ import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
 
+from specgate.contract import SAMPLING_EPS
+
 
 class SamplingParams(BaseModel):
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    temperature: float = Field(0.0, ge=0.0, description="below SAMPLING_EPS (1e-5) = greedy")
     top_k: int = Field(0, ge=0, description="0 = no top-k filter")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
     def generator(self) -> torch.Generator:
         """A per-request RNG: a request's samples never depend on what else is running."""

@@ -1,6 +1,8 @@
 """The gate: per-request choice between the baseline and the speculative engine.
 
 policy  - the policy file (pydantic), hot reload
+tenants - the key file: API key hashes -> tenant names
+labels  - tenant metric labels, keyed by a server secret
 breaker - per-tenant acceptance EMA and circuit breaker
 router  - `Gate`: decide() and the outcome reports that feed the breaker and metrics
 metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)

@@ -16,13 +16,19 @@ Formulas (as vLLM and TensorRT-LLM compute them), over any window `[5m]`:
     spec_decode_acceptance_rate{tenant}  the breaker's rolling per-request EMA (a gauge)
     spec_gate_circuit_open{tenant}       0 closed, 0.5 half-open, 1 open
 
-Tenant labels are `tenant_label(sha256(api key))`: 8 hex, never the raw key.
+Tenant labels are 8 hex of an HMAC under the server's secret (labels.py), never the raw key.
+
+Every series without labels, and every label set known at load (decisions by route and reason,
+engines, tenants of the key file, draft positions up to the policy's maximum) is created at 0 when
+the gate loads, so /metrics shows 0 rather than nothing before the first event. The exception is
+spec_decode_acceptance_rate{tenant}: before a tenant's first sample its EMA is unknown, not 0, and a
+0 would read as "nothing accepted".
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,13 +49,21 @@ SHADOW_COMPARISONS = "spec_gate_shadow_comparisons_total"
 DECISION_LATENCY = "spec_gate_decision_latency_seconds"
 ENGINE_FAILURES = "spec_gate_engine_failures_total"
 IN_FLIGHT = "spec_gate_in_flight"
+OVERRIDE_IGNORED = "spec_gate_override_ignored_total"
+OVERLOADED = "spec_gate_overloaded_total"
+QUEUED = "spec_gate_queued"
 
 _Labels = tuple[tuple[str, str], ...]
 
 
+ENGINES = ("speculative", "baseline")  # the `engine` label of spec_gate_engine_failures_total
+QUEUE_FULL, QUEUE_TIMEOUT = "queue_full", "queue_timeout"  # the `reason` label of spec_gate_overloaded_total
+
+
 class GateMetrics:
-    def __init__(self, factory: Any | None) -> None:
-        """`factory`: `triton_python_backend_utils` (or a fake); None exports nothing."""
+    def __init__(self, factory: Any | None, decisions: Iterable[tuple[str, str]] = ()) -> None:
+        """`factory`: `triton_python_backend_utils` (or a fake); None exports nothing.
+        `decisions`: the (reason, route) pairs the gate can decide, created at 0."""
         mf = (factory if factory is not None else _NULL_FACTORY).MetricFamily
         counter, gauge, histogram = mf.COUNTER, mf.GAUGE, mf.HISTOGRAM
         specs = {
@@ -65,6 +79,9 @@ class GateMetrics:
             DECISION_LATENCY: ("Time to take one gate decision, seconds", histogram),
             ENGINE_FAILURES: ("Engine calls that failed, by engine", counter),
             IN_FLIGHT: ("Requests in flight through the gate", gauge),
+            OVERRIDE_IGNORED: ("Requests whose own mode choice was ignored: the tenant may not override", counter),
+            OVERLOADED: ("Requests refused as overloaded: queue full, or no slot before the queue timeout", counter),
+            QUEUED: ("Requests waiting in the gate's admission queue", gauge),
         }
         self._families = {
             name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
@@ -73,6 +90,27 @@ class GateMetrics:
         # Every metric update is an IPC call into the Python backend stub, made from the gate's
         # worker threads; they are serialized (a stub crashed with heap corruption without this).
         self._lock = threading.RLock()
+        with self._lock:
+            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED):
+                self._get(name)
+            self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS)
+            for engine in ENGINES:
+                self._get(ENGINE_FAILURES, (("engine", engine),))
+            for reason in (QUEUE_FULL, QUEUE_TIMEOUT):
+                self._get(OVERLOADED, (("reason", reason),))
+            for reason, route in decisions:
+                self._get(DECISIONS, (("route", route), ("reason", reason)))
+
+    def declare_tenant(self, tenant: str) -> None:
+        """A tenant's series at their initial values: breaker closed, nothing ignored."""
+        with self._lock:
+            self._get(CIRCUIT_OPEN, (("tenant", tenant),))
+            self._get(OVERRIDE_IGNORED, (("tenant", tenant),))
+
+    def declare_positions(self, n: int) -> None:
+        with self._lock:
+            for pos in range(n):
+                self._get(NUM_ACCEPTED_PER_POS, (("position", str(pos)),))
 
     def _get(self, name: str, labels: _Labels = (), buckets: list[float] | None = None) -> Any:
         """The Metric for one label set, created once; callers hold `self._lock`."""
@@ -123,6 +161,18 @@ class GateMetrics:
     def engine_failure(self, engine: str) -> None:
         with self._lock:
             self._get(ENGINE_FAILURES, (("engine", engine),)).increment(1)
+
+    def override_ignored(self, tenant: str) -> None:
+        with self._lock:
+            self._get(OVERRIDE_IGNORED, (("tenant", tenant),)).increment(1)
+
+    def overloaded(self, reason: str) -> None:
+        with self._lock:
+            self._get(OVERLOADED, (("reason", reason),)).increment(1)
+
+    def queued(self, n: int) -> None:
+        with self._lock:
+            self._get(QUEUED).set(n)
 
     def in_flight(self, n: int) -> None:
         with self._lock:

@@ -3,29 +3,29 @@
 `Policy` is the whole file. Every field has a default, so an empty mapping (`{}`) is a valid policy;
 an empty *file* is not (a half-written file must not silently reset every threshold).
 
-`PolicyStore` owns the current policy. `current()` is called on every decision; it `stat`s the file
-at most once per `check_interval_s` and, when the mtime/size changed, loads and validates it. An
-invalid file is rejected with a logged reason and the previous policy stays in force.
+Tenants are named here; which API keys belong to which tenant is in the key file that `key_file`
+names (tenants.py), which holds hashes, not keys.
 
-Tenants are keyed by API key, either raw or as `sha256:<64 hex>` so the file need not hold secrets.
-Internally every key is its SHA-256 hex digest; metric labels use the first 8 hex of it.
+`PolicyStore` owns the current policy and key file. `current()` is called on every decision; it
+`stat`s both files at most once per `check_interval_s` and, when either changed, loads and validates
+both. An invalid pair is rejected with a logged reason and the previous one stays in force.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Callable, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specgate.contract import SpecAlgorithm
+from specgate.gate.tenants import TenantKeys, TenantName, load_key_file
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,22 @@ class LoadPolicy(_Strict):
     max_in_flight: int | None = Field(1, ge=1)
 
 
+# Bounds of the admission fields: the gate's thread pool holds one thread per admitted or queued request.
+MAX_CONCURRENT_CAP, MAX_QUEUED_CAP = 256, 1024
+
+
+class AdmissionPolicy(_Strict):
+    """The gate's admission queue (admission.py). 16 at once: the baseline batches 8 sequences and
+    the speculative engine runs one, so 16 keeps the next batch ready at the engines while bounding
+    what waits inside them, where no timeout applies; the rest wait here, where one does."""
+
+    max_concurrent: int = Field(16, ge=1, le=MAX_CONCURRENT_CAP)
+    max_queued: int = Field(64, ge=0, le=MAX_QUEUED_CAP)
+    # Past this wait for a slot the request is refused (503): an interactive client has given up by
+    # then, and a quick refusal lets it back off or go elsewhere.
+    queue_timeout_s: float = Field(30.0, gt=0.0, le=600.0)
+
+
 class ShadowPolicy(_Strict):
     max_concurrent_mirrors: int = Field(2, ge=0, le=64)
 
@@ -111,8 +127,9 @@ class SpeculativePolicy(_Strict):
 class TenantPolicy(_Strict):
     """Per-tenant settings; `None` means "inherit the org value"."""
 
-    name: str | None = None  # for humans; never exported
     mode: Mode | None = None
+    # may the tenant's requests choose their own mode (x-speculative-decoding, use_speculative_decoding)?
+    allow_override: bool | None = None
     temperature_threshold: float | None = Field(None, ge=0.0)
     canary_percent: Percent | None = None
     algorithm: SpecAlgorithm | None = None
@@ -128,52 +145,43 @@ class Policy(_Strict):
     canary_percent: Percent = 100.0
     breaker: BreakerPolicy = BreakerPolicy()
     load: LoadPolicy = LoadPolicy()
+    admission: AdmissionPolicy = AdmissionPolicy()
     shadow: ShadowPolicy = ShadowPolicy()
     speculative: SpeculativePolicy = SpeculativePolicy()
     unknown_tenant: Literal["org_default", "reject"] = "org_default"
     malformed_header: Literal["reject", "ignore"] = "reject"
-    tenants: dict[str, TenantPolicy] = {}
+    # Org default (and so for requests without a known key): may a request choose its own mode?
+    # Off unless granted: a request that forces `shadow` doubles its cost, one that forces `prod`
+    # skips the canary.
+    allow_override: bool = False
+    # The tenants' key file (tenants.py), relative to this file's folder; None: no tenants.
+    key_file: str | None = None
+    tenants: dict[TenantName, TenantPolicy] = {}
 
     _mode_off = field_validator("mode", mode="before")(_yaml_off)
 
-    @field_validator("tenants")
+    @field_validator("tenants", mode="before")
     @classmethod
-    def _key_by_digest(cls, tenants: dict[str, TenantPolicy]) -> dict[str, TenantPolicy]:
-        by_digest: dict[str, TenantPolicy] = {}
-        for key, settings in tenants.items():
-            digest = _configured_digest(key)
-            if digest in by_digest:
-                raise ValueError(f"tenant key listed twice (digest {digest[:8]})")
-            by_digest[digest] = settings
-        return by_digest
+    def _named_not_keyed(cls, tenants: object) -> object:
+        if isinstance(tenants, dict) and any(str(k).startswith("sha256:") for k in tenants):
+            raise ValueError("tenants are keyed by name now: move each key hash into the key file "
+                             "under that name (docs/gate.md, 'Tenants and keys')")
+        return tenants
 
     @model_validator(mode="after")
     def _tenant_tokens_within_max(self) -> Policy:
         limit = self.speculative.max_num_speculative_tokens
-        for digest, t in self.tenants.items():
+        for name, t in self.tenants.items():
             if t.num_speculative_tokens is not None and t.num_speculative_tokens > limit:
-                raise ValueError(f"tenant {digest[:8]}: num_speculative_tokens exceeds {limit}")
+                raise ValueError(f"tenant {name}: num_speculative_tokens exceeds {limit}")
         return self
 
 
-def key_digest(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
+class Loaded(NamedTuple):
+    """A policy with the key file it names, validated together."""
 
-
-def tenant_label(digest: str) -> str:
-    """The metric label of a tenant: 8 hex of SHA-256, never the raw key."""
-    return digest[:8]
-
-
-def _configured_digest(key: str) -> str:
-    if key.startswith("sha256:"):
-        hexpart = key[len("sha256:"):].lower()
-        if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
-            raise ValueError("a 'sha256:' tenant key needs 64 hex digits")
-        return hexpart
-    if not key:
-        raise ValueError("empty tenant key")
-    return key_digest(key)
+    policy: Policy
+    keys: TenantKeys
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
@@ -196,11 +204,34 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     return parse_policy(Path(path).read_text(encoding="utf-8"), str(path))
 
 
+def key_file_path(policy_path: Path, policy: Policy) -> Path | None:
+    return None if policy.key_file is None else policy_path.parent / policy.key_file
+
+
+_Signature = tuple[tuple[int, int] | None, tuple[int, int] | None]  # (mtime_ns, size) of both files
+
+
+def _load(path: Path) -> tuple[Loaded, _Signature]:
+    """The policy at `path` and its key file, and their signatures taken before reading them (so a
+    write during the read shows as a change at the next check). Every tenant the policy configures
+    must have a key."""
+    policy_sig = _stat(path)
+    policy = load_policy(path)
+    keys_path = key_file_path(path, policy)
+    keys_sig = _stat(keys_path)
+    keys = TenantKeys() if keys_path is None else load_key_file(keys_path)
+    if missing := sorted(set(policy.tenants) - keys.names):
+        where = keys_path or "(no key_file)"
+        raise ValueError(f"{path}: tenants with settings but no key in {where}: {', '.join(missing)}")
+    return Loaded(policy, keys), (policy_sig, keys_sig)
+
+
 class PolicyStore:
-    """The current policy, hot-reloaded from `path` (None: the built-in defaults, never reloaded).
+    """The current policy and key file, hot-reloaded from `path` (None: the built-in defaults and no
+    tenants, never reloaded).
 
     The initial load raises on an invalid or missing file (fail at model load, not at the first
-    request). Later an invalid, missing or unreadable file keeps the previous policy.
+    request). Later an invalid, missing or unreadable file keeps the previous policy and keys.
     """
 
     def __init__(
@@ -215,21 +246,24 @@ class PolicyStore:
         self._now = now
         self._lock = threading.Lock()
         self._next_check = now() + check_interval_s
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) last loaded or rejected
+        self._seen: _Signature | None = None  # of the files last loaded or rejected
         if self._path is None:
-            self._policy = Policy()
+            self._loaded = Loaded(Policy(), TenantKeys())
         else:
-            self._seen = _signature(self._path)
-            self._policy = load_policy(self._path)
+            self._loaded, self._seen = _load(self._path)
 
     @property
     def path(self) -> Path | None:
         return self._path
 
     def current(self) -> Policy:
+        return self.snapshot().policy
+
+    def snapshot(self) -> Loaded:
+        """The policy and the keys that belong to it (one read, so a reload cannot split them)."""
         if self._path is not None and self._now() >= self._next_check:
             self._maybe_reload()
-        return self._policy
+        return self._loaded
 
     def _maybe_reload(self) -> None:
         # Non-blocking: one caller checks, the others keep deciding with the current policy.
@@ -238,29 +272,29 @@ class PolicyStore:
         try:
             self._next_check = self._now() + self._interval
             assert self._path is not None
-            try:
-                signature = _signature(self._path)
-            except OSError as e:
-                if self._seen is not None:
-                    log.warning("policy %s unreadable, keeping previous policy: %s", self._path, e)
-                    self._seen = None
-                return
+            signature = (_stat(self._path), _stat(key_file_path(self._path, self._loaded.policy)))
             if signature == self._seen:
                 return
             # Remember the rejected version too, so a bad file is logged once, not every second.
             self._seen = signature
             try:
-                policy = load_policy(self._path)
+                loaded, self._seen = _load(self._path)  # its key file may be another one now
             except (OSError, ValueError) as e:
-                log.error("policy %s rejected, keeping previous policy: %s", self._path, e)
+                log.error("policy %s rejected, keeping previous policy and keys: %s", self._path, e)
                 return
-            self._policy = policy
-            log.info("policy %s reloaded (version %d, mode %s)", self._path, policy.version,
-                     policy.mode.value)
+            self._loaded = loaded
+            log.info("policy %s reloaded (version %d, mode %s, %d tenants with keys)", self._path,
+                     loaded.policy.version, loaded.policy.mode.value, len(loaded.keys.names))
         finally:
             self._lock.release()
 
 
-def _signature(path: Path) -> tuple[int, int]:
-    st = path.stat()
+def _stat(path: Path | None) -> tuple[int, int] | None:
+    """(mtime_ns, size); None when there is no such file (or no path)."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
     return st.st_mtime_ns, st.st_size

@@ -3,8 +3,10 @@
 Mode precedence (first that is set wins):
     1. `x-speculative-decoding` request parameter (header / body field): off | shadow | prod
     2. `use_speculative_decoding` BOOL input: true -> prod, false -> off
-    3. the tenant's `mode` (tenant keyed by `x-api-key`)
+    3. the tenant's `mode` (tenant found by its `x-api-key` in the key file)
     4. the org `mode`
+1 and 2 are request overrides: honoured only where `allow_override` (tenant, else org) is true,
+otherwise ignored and counted in spec_gate_override_ignored_total{tenant}.
 
 Then the rules, in this order; the first that applies names the reason:
 
@@ -21,9 +23,10 @@ Then the rules, in this order; the first that applies names the reason:
 
 The canary applies only when `prod` comes from policy (tenant or org): a request that asks for
 `prod` itself has opted in. A malformed `x-speculative-decoding` raises `PolicyError` (policy
-`malformed_header: reject`, the default) or is ignored (`ignore`). An unknown or missing
-`x-api-key` gets the org settings and shares the org breaker, label `org` (`unknown_tenant:
-org_default`, the default) or raises `PolicyError` (`reject`).
+`malformed_header: reject`, the default) or is ignored (`ignore`), whether or not the tenant may
+override. An unknown or missing `x-api-key` gets the org settings and shares the org breaker, label
+`org` (`unknown_tenant: org_default`, the default) or raises `PolicyError` (`reject`). A key is
+never logged, exported or echoed in an error.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import hashlib
 import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -39,17 +43,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
+from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
-from specgate.gate.policy import (
-    Mode,
-    Policy,
-    PolicyError,
-    PolicyStore,
-    TenantPolicy,
-    key_digest,
-    tenant_label,
-)
+from specgate.gate.policy import Loaded, Mode, Policy, PolicyError, PolicyStore, TenantPolicy
+from specgate.gate.tenants import ORG, TenantKeys
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +71,10 @@ REASONS: tuple[str, ...] = (
     MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
     HALF_OPEN_PROBE, CANARY_IN, PROD,
 )
-
-ORG_TENANT = "org"  # label (and breaker key) shared by unknown / missing API keys
+# Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.
+ROUTE_OF: dict[str, Route] = {
+    reason: SPECULATIVE if reason in (HALF_OPEN_PROBE, CANARY_IN, PROD) else BASELINE for reason in REASONS
+}
 
 _MODES = {m.value: m for m in Mode}
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
@@ -123,9 +124,9 @@ class Decision:
     algorithm: str
     num_speculative_tokens: int | None  # None: the engine's default for the algorithm
     mode: Mode
-    tenant: str  # metric label: 8 hex of sha256(api key), or "org"
+    tenant: str  # metric label: 8 hex of an HMAC of the tenant's name under the server secret, or "org"
     probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
-    tenant_key: str = ORG_TENANT  # breaker key: full sha256 hex of the API key, or "org"
+    tenant_key: str = ORG  # breaker key: the tenant's name in the key file, or "org"
 
 
 class GateStats(Protocol):
@@ -150,9 +151,10 @@ class GateStats(Protocol):
 class Gate:
     """The gate's decision logic and its feedback loop; one instance per model instance.
 
-    Per request, the adapter calls `decide()` once and `finish()` exactly once afterwards (it counts
-    requests in flight for the load gate). In between: `record_speculative()` when a speculative
-    engine (served or mirrored) finished with stats, `record_failure()` when an engine call failed,
+    Per request, the adapter takes a ticket from `admission` first (AdmissionQueue: it may refuse
+    the request as overloaded), then calls `decide()` once and `finish()` exactly once afterwards
+    (it counts requests in flight for the load gate). In between: `record_speculative()` when a
+    speculative engine (served or mirrored) finished with stats, `record_failure()` when an engine call failed,
     and, for `decision.shadow`, `end_shadow()` exactly once (frees the mirror slot).
     """
 
@@ -163,15 +165,22 @@ class Gate:
         metric_factory: Any | None = None,
         now: Callable[[], float] = time.monotonic,
         reload_interval_s: float = 1.0,
+        label_secret: bytes | None = None,
     ) -> None:
+        """`label_secret` keys the tenant labels (labels.py); None: a random one for this process."""
         self._store = PolicyStore(policy_path, check_interval_s=reload_interval_s, now=now)
-        self._metrics = GateMetrics(metric_factory)
+        self._tenant_labels = TenantLabels(label_secret if label_secret is not None else secrets.token_bytes(32))
+        self._metrics = GateMetrics(metric_factory, ROUTE_OF.items())
+        # the adapter's bounded queue (admission.py); limits from the live policy
+        self.admission = AdmissionQueue(lambda: self._store.current().admission, self._metrics)
         self._breakers = CircuitBreakers(now, on_transition=self._on_transition)
         self._lock = threading.Lock()
         self._in_flight = 0
         self._mirrors = 0
         self._anonymous_ids = itertools.count()
-        self._labels: dict[str, str] = {}  # breaker key (digest or ORG_TENANT) -> label
+        self._labels: dict[str, str] = {}  # tenant name (or ORG) -> label
+        self._declared: Loaded | None = None
+        self._declare(self._store.snapshot())
 
     @property
     def policy(self) -> Policy:
@@ -188,17 +197,24 @@ class Gate:
     def decide(self, inputs: GateRequest) -> Decision:
         """Route one request. Raises PolicyError for a request the policy rejects (INVALID_ARG)."""
         start = time.perf_counter()
-        policy = self._store.current()
-        tenant_key, tenant = self._tenant(inputs.api_key, policy)
-        mode, from_request = _resolve_mode(inputs, tenant, policy)
-        algorithm, k = _speculation(inputs, tenant, policy)
+        loaded = self._store.snapshot()
+        if loaded is not self._declared:
+            self._declare(loaded)
+        policy, keys = loaded
+        tenant_key, tenant = _tenant(inputs.api_key, policy, keys)
+        label = self._label(tenant_key)
+        requested = _requested_mode(inputs, policy)
+        algorithm, k = _speculation(inputs, tenant, policy)  # the last check that may reject it
+        if requested is not None and not _override(tenant, "allow_override", policy.allow_override):
+            self._metrics.override_ignored(label)
+            requested = None
+        mode = requested if requested is not None else _override(tenant, "mode", policy.mode)
         with self._lock:  # count this request and read the load before it, atomically
             already = self._in_flight
             self._in_flight += 1
         route, reason, shadow, probe = self._route(
-            inputs, policy, tenant, tenant_key, mode, from_request, already
+            inputs, policy, tenant, tenant_key, mode, requested is not None, already
         )
-        label = self._label(tenant_key)
         decision = Decision(route, reason, shadow, algorithm, k, mode, label, probe, tenant_key)
         self._metrics.decision(route, reason, time.perf_counter() - start)
         self._metrics.in_flight(already + 1)
@@ -280,24 +296,22 @@ class Gate:
         bucket = int.from_bytes(hashlib.sha256(rid.encode()).digest()[:8], "big") % 10_000
         return bucket < percent * 100.0
 
-    def _tenant(self, api_key: str | None, policy: Policy) -> tuple[str, TenantPolicy | None]:
-        if api_key:
-            digest = key_digest(api_key)
-            tenant = policy.tenants.get(digest)
-            if tenant is not None:
-                return digest, tenant
-        if policy.unknown_tenant == "reject":
-            raise PolicyError("x-api-key is missing or not a known tenant key")
-        return ORG_TENANT, None
-
     def _label(self, tenant_key: str) -> str:
         label = self._labels.get(tenant_key)
         if label is None:
-            label = tenant_key if tenant_key == ORG_TENANT else tenant_label(tenant_key)
-            self._labels[tenant_key] = label
-            # A tenant's breaker starts closed; export that so the series exists before it trips.
-            self._metrics.circuit_state(label, 0.0)
+            label = self._labels[tenant_key] = ORG if tenant_key == ORG else self._tenant_labels(tenant_key)
         return label
+
+    def _declare(self, loaded: Loaded) -> None:
+        """Export the series of a (re)loaded policy's tenants and draft positions at 0, so dashboards
+        and rate() alerts have them before their first event. Runs again after a reload; series that
+        exist already are kept as they are."""
+        self._declared = loaded
+        for tenant in (ORG, *sorted(loaded.keys.names)):
+            if tenant not in self._labels:
+                log.info("tenant %s: metric label %s", tenant, self._label(tenant))
+            self._metrics.declare_tenant(self._labels[tenant])
+        self._metrics.declare_positions(loaded.policy.speculative.max_num_speculative_tokens)
 
     def _on_transition(self, tenant_key: str, old: BreakerState, new: BreakerState) -> None:
         label = self._label(tenant_key)
@@ -305,24 +319,30 @@ class Gate:
         self._metrics.circuit_state(label, _CIRCUIT_GAUGE[new])
 
 
-def _resolve_mode(
-    inputs: GateRequest, tenant: TenantPolicy | None, policy: Policy
-) -> tuple[Mode, bool]:
-    """The effective mode, and whether the request itself chose it."""
+def _tenant(api_key: str | None, policy: Policy, keys: TenantKeys) -> tuple[str, TenantPolicy | None]:
+    """The tenant's name (ORG for a missing or unknown key) and its settings (None: the org's)."""
+    name = keys.tenant_of(str(api_key)) if api_key else None
+    if name is not None:
+        return name, policy.tenants.get(name)
+    if policy.unknown_tenant == "reject":
+        raise PolicyError("x-api-key is missing or not a known tenant key")
+    return ORG, None
+
+
+def _requested_mode(inputs: GateRequest, policy: Policy) -> Mode | None:
+    """The mode the request asks for itself, if any (header first, then the BOOL input)."""
     if inputs.spec_header is not None:
         mode = _MODES.get(inputs.spec_header.strip().lower())
         if mode is not None:
-            return mode, True
+            return mode
         if policy.malformed_header == "reject":
             raise PolicyError(
                 f"{HEADER_SPEC_MODE}: invalid value {inputs.spec_header[:32]!r}; "
                 f"allowed: {', '.join(_MODES)}"
             )
     if inputs.use_speculative_decoding is not None:
-        return (Mode.PROD if inputs.use_speculative_decoding else Mode.OFF), True
-    if tenant is not None and tenant.mode is not None:
-        return tenant.mode, False
-    return policy.mode, False
+        return Mode.PROD if inputs.use_speculative_decoding else Mode.OFF
+    return None
 
 
 def _speculation(

@@ -1,7 +1,9 @@
 """Triton adapter for `spec_gate`: decide the route, forward over BLS, stream back, record metrics.
 
 Every request is served on a worker thread so the decoupled `execute` returns at once and many
-requests stream concurrently. The policy itself lives in `specgate.gate` (tested without Triton).
+requests stream concurrently, as many as the admission queue lets in (specgate.gate.admission;
+past it: UNAVAILABLE "overloaded"). The policy itself lives in `specgate.gate` (tested without
+Triton).
 
 Failure handling: if `spec_engine` fails or is unavailable, the request continues on
 `target_engine` from the tokens already streamed (prompt + emitted ids), so the client sees no
@@ -31,9 +33,12 @@ from specgate.contract import (
     engine_inputs,
 )
 from specgate.gate import Decision, Gate, PolicyError
+from specgate.gate.admission import Overloaded, Ticket
+from specgate.gate.labels import label_secret_from_env
+from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
 from specgate.llm_request import LLMRequest, parse_llm_request
-from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
+from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor, unavailable_response
 from specgate.stats import SpecStats
 from specgate.errors import InvalidInput
 
@@ -97,8 +102,10 @@ class GateModel:
         self.end_id = int(p["end_id"])
         self.extensions = p["engine_extensions"] == "true"
         self.outputs = ENGINE_OUTPUT_NAMES + (EXTENSION_OUTPUT_NAMES if self.extensions else [])
-        self.gate = Gate(p["policy_path"], metric_factory=pb_utils)
-        self.pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="gate")
+        self.gate = Gate(p["policy_path"], metric_factory=pb_utils, label_secret=label_secret_from_env())
+        # One thread per admitted or queued request (the admission queue bounds them), plus the
+        # hand-over message; threads start only as needed.
+        self.pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CAP + MAX_QUEUED_CAP + 1, thread_name_prefix="gate")
         self.mirrors = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shadow")
         self._speculating = 0  # speculative requests and mirrors now on spec_engine
         self._lock = threading.Lock()
@@ -107,19 +114,26 @@ class GateModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
-            decision = None
+            ticket = decision = None
             try:
                 llm = self._parse(request)
                 prompt = [int(t) for t in optional_array(request, "input_ids").reshape(-1)]
                 stops = _stop_words(optional_array(request, "stop_words_list"))
+                ticket = self.gate.admission.enter()
                 decision = self.gate.decide(llm)
-                self.pool.submit(self._serve, sender, llm, decision, prompt, stops)
+                self.pool.submit(self._serve, sender, llm, decision, prompt, stops, ticket)
                 if decision.reason == LOAD and self.extensions and self._speculating:
                     self.pool.submit(self._hand_over)
+            except Overloaded as exc:
+                sender.send(unavailable_response(str(exc)), flags=FINAL)
             except (InvalidInput, PolicyError) as exc:
+                if ticket is not None:
+                    self.gate.admission.leave(ticket)
                 sender.send(error_response(str(exc)), flags=FINAL)
-            except Exception as exc:  # answer, and release the in-flight slot the decision took
+            except Exception as exc:  # answer, and release what the request took
                 log.exception("could not start request")
+                if ticket is not None:
+                    self.gate.admission.leave(ticket)
                 if decision is not None:
                     self.gate.finish(decision)
                 sender.send(error_response(f"gate error: {exc}", invalid_arg=False), flags=FINAL)
@@ -141,9 +155,15 @@ class GateModel:
         return parse_llm_request(fields, self.max_output_len)
 
     # -- serving ---------------------------------------------------------------------------------
-    def _serve(self, sender: Any, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None) -> None:
+    def _serve(self, sender: Any, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None, ticket: Ticket) -> None:
         out = _Output(sender, llm.stream, d.route, d.reason)
         try:
+            try:
+                self.gate.admission.wait(ticket)
+            except Overloaded:
+                if d.shadow:
+                    self.gate.end_shadow(d, None)  # its mirror never started
+                raise
             if d.route == "speculative":
                 try:
                     stats = self._run("spec_engine", llm, d, prompt, stops, out.send)
@@ -168,12 +188,15 @@ class GateModel:
                 if mirror is not None:
                     self.mirrors.submit(self._end_mirror, d, mirror, out.ids if llm.temperature == 0 else None)
             out.finish()
+        except Overloaded as exc:
+            out.fail(unavailable_response(str(exc)))
         except (EngineFailure, InvalidInput) as exc:
-            out.fail(str(exc), invalid_arg=isinstance(exc, InvalidInput))
+            out.fail(error_response(str(exc), invalid_arg=isinstance(exc, InvalidInput)))
         except Exception as exc:  # never leave a client without a final response
             log.exception("gate failed")
-            out.fail(f"gate error: {exc}", invalid_arg=False)
+            out.fail(error_response(f"gate error: {exc}", invalid_arg=False))
         finally:
+            self.gate.admission.leave(ticket)
             self.gate.finish(d)
 
     def _continue_on_baseline(
@@ -394,8 +417,9 @@ class _Output:
     def finish(self) -> None:
         self.sender.send(self._response(True), flags=FINAL)
 
-    def fail(self, message: str, invalid_arg: bool) -> None:
-        self.sender.send(error_response(message, invalid_arg), flags=FINAL)
+    def fail(self, error: Any) -> None:
+        """Send `error` (an error response from triton_io) as the final response."""
+        self.sender.send(error, flags=FINAL)
 
     def _response(self, final: bool) -> Any:
         s = self.stats

@@ -31,7 +31,16 @@ def request_parameters(request: Any) -> dict[str, Any]:
 
 
 def error_response(message: str, invalid_arg: bool = True) -> Any:
-    code = pb_utils.TritonError.INVALID_ARG if invalid_arg else pb_utils.TritonError.INTERNAL
+    """INVALID_ARG: the client's mistake (HTTP 400); else INTERNAL, ours (HTTP 500)."""
+    return _error(message, pb_utils.TritonError.INVALID_ARG if invalid_arg else pb_utils.TritonError.INTERNAL)
+
+
+def unavailable_response(message: str) -> Any:
+    """UNAVAILABLE: try again later (HTTP 503)."""
+    return _error(message, pb_utils.TritonError.UNAVAILABLE)
+
+
+def _error(message: str, code: Any) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 
