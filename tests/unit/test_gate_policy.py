@@ -31,14 +31,15 @@ def test_defaults() -> None:
     p = Policy()
     assert p.mode is Mode.OFF
     assert p.temperature_threshold == 0.70
-    assert p.breaker.open_threshold == 0.08
+    assert p.breaker.open_threshold == p.breaker.close_threshold == "auto"  # from spec_engine's calibration
+    assert p.speculative.algorithm == "auto" and p.speculative.max_num_speculative_tokens is None
     assert p.load.max_in_flight == 1
     assert p.unknown_tenant == "org_default" and p.malformed_header == "reject"
 
 
 def test_shipped_default_policy_is_valid() -> None:
     p = load_policy(REPO / "policy" / "default.yaml")
-    assert p.temperature_threshold == 0.70 and p.breaker.open_threshold == 0.08
+    assert p.temperature_threshold == 0.70 and p.breaker.open_threshold == "auto" and p.speculative.algorithm == "auto"
 
 
 def test_json_is_accepted() -> None:
@@ -55,7 +56,8 @@ def test_json_is_accepted() -> None:
         ("temperture_threshold: 0.5", "temperture_threshold"),  # typo: extra keys are rejected
         ("breaker: {probe_fraction: 0.9}", "probe_fraction"),
         ("breaker: {open_threshold: 0.7, close_threshold: 0.6}", "close_threshold"),
-        ("speculative: {num_speculative_tokens: 9}", "max_num_speculative_tokens"),
+        ("speculative: {num_speculative_tokens: 9, max_num_speculative_tokens: 8}", "max_num_speculative_tokens"),
+        ("breaker: {open_threshold: 0.1}", "both auto or both numbers"),
         (f"tenants: {{'sha256:{'0' * 64}': {{mode: prod}}}}", "keyed by name"),  # the old format
         ("tenants: {'two words': {}}", "tenants"),
         ("mode: [unclosed", "YAML"),

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from specgate.calibration import Calibration
 from specgate.gate.breaker import BreakerState
+from specgate.goodput import CostCurve
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import InMemoryMetricFactory
 from specgate.gate.tenants import hash_key
@@ -42,11 +44,11 @@ class Clock:
         return self.t
 
 
-def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None, secret: bytes = SECRET) -> Gate:
+def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None, secret: bytes = SECRET, calibration: Calibration | None = None) -> Gate:
     (tmp_path / "keys.yaml").write_text(KEYS)
     path = tmp_path / "policy.yaml"
     path.write_text(text)
-    return Gate(str(path), now=clock or Clock(), label_secret=secret)
+    return Gate(str(path), now=clock or Clock(), label_secret=secret, calibration=calibration)
 
 
 def decide(gate: Gate, **kw: object) -> tuple[str, str, bool]:
@@ -129,13 +131,15 @@ def test_algorithm_and_k_resolution(gate: Gate) -> None:
     d = gate.decide(RequestInputs(api_key=KEY_A, speculative_algorithm="eagle2", num_speculative_tokens=2))
     assert (d.algorithm, d.num_speculative_tokens) == ("eagle2", 2)  # request wins
     d = gate.decide(RequestInputs())
-    assert (d.algorithm, d.num_speculative_tokens) == ("eagle", None)  # policy defaults: k is the engine's
+    assert (d.algorithm, d.num_speculative_tokens) == ("eagle", None)  # auto without a calibration; k is the engine's
     d = gate.decide(RequestInputs(speculative_algorithm="ngram"))
     assert d.num_speculative_tokens is None  # another algorithm gets its own default length, not eagle's
     with pytest.raises(PolicyError, match="speculative_algorithm"):
         gate.decide(RequestInputs(speculative_algorithm="medusa"))
-    with pytest.raises(PolicyError, match="num_speculative_tokens"):
-        gate.decide(RequestInputs(num_speculative_tokens=9))
+    # the engine's own limits, from the one table (specgate.algorithms): eagle goes to 10, ngram to 16
+    with pytest.raises(PolicyError, match=r"num_speculative_tokens for eagle must be in 1\.\.10"):
+        gate.decide(RequestInputs(speculative_algorithm="eagle", num_speculative_tokens=11))
+    assert gate.decide(RequestInputs(speculative_algorithm="ngram", num_speculative_tokens=16)).num_speculative_tokens == 16
 
 
 def test_temperature_gate(gate: Gate) -> None:
@@ -232,7 +236,7 @@ def test_reload_changes_decisions_without_restart(tmp_path: Path) -> None:
 
 def test_reason_codes_are_the_documented_set() -> None:
     assert REASONS == (
-        "mode_off", "temperature", "canary_out", "load", "circuit_open", "shadow", "shadow_busy",
+        "mode_off", "temperature", "canary_out", "load", "no_gain", "circuit_open", "shadow", "shadow_busy",
         "half_open_probe", "canary_in", "prod",
     )
 
@@ -266,3 +270,55 @@ def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     gate.record_speculative(d, EngineStats(draft_tokens=8, accepted_tokens=6))  # tensorrtllm: no drafts
     gate.finish(d)
     assert gate.breakers.snapshot("team-b").ema == pytest.approx(0.75)
+
+
+# -- routing on spec_engine's calibration -------------------------------------------------------------
+def _calibration(ratios: dict[int, float], draft_ms: dict[str, float]) -> Calibration:
+    from specgate.engine.machine import machine
+
+    curve = CostCurve.of_ratios(ratios, base_ms=10.0)
+    return Calibration.build(curve, draft_ms, set(), machine=machine(), backend="llamacpp", dtype="Q4_1", threads=2, measured_at="now")
+
+
+STEEP = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 8: 4.5, 16: 8.0, 32: 15.0}  # llama.cpp on an AVX2 CPU, roughly
+FLAT = {1: 1.0, 32: 1.0}
+
+
+def test_auto_picks_the_algorithm_the_calibration_expects_fastest(tmp_path: Path) -> None:
+    policy = "mode: prod\nload: {max_in_flight: null}\n"
+    # on a steep curve only free drafting can pay: prompt lookup, not an EAGLE head costing 8 ms a step
+    steep = make_gate(tmp_path, policy, calibration=_calibration(STEEP, {"ngram": 0.05, "eagle2": 8.0, "hybrid": 8.0}))
+    d = steep.decide(RequestInputs())
+    assert (d.route, d.reason, d.algorithm) == ("speculative", "prod", "ngram")
+    # where verification is free, the head's deeper trees win
+    flat = make_gate(tmp_path, policy, calibration=_calibration(FLAT, {"ngram": 0.05, "eagle2": 2.0, "hybrid": 2.0}))
+    assert flat.decide(RequestInputs()).algorithm == "hybrid"
+
+
+def test_an_algorithm_that_cannot_pay_is_not_routed_unless_asked_for(tmp_path: Path) -> None:
+    linear = {t: float(t) for t in (1, 2, 4, 8, 16, 32)}
+    g = make_gate(tmp_path, "mode: prod\nallow_override: true\nload: {max_in_flight: null}\n", calibration=_calibration(linear, {"ngram": 0.05}))
+    assert decide(g) == ("baseline", "no_gain", False)
+    assert decide(g, spec_header="prod")[:2] == ("speculative", "prod")  # opted in: the engine drafts what pays (nothing)
+
+
+def test_algorithms_the_engine_lacks_are_refused(tmp_path: Path) -> None:
+    g = make_gate(tmp_path, "mode: prod\n", calibration=_calibration(STEEP, {"ngram": 0.05, "draft_model": 3.0}))
+    with pytest.raises(PolicyError, match="eagle2 is not available on this server .*EAGLE head.*available: ngram, draft_model"):
+        g.decide(RequestInputs(speculative_algorithm="eagle2"))
+
+
+def test_auto_breaker_thresholds_are_the_calibrated_break_even(tmp_path: Path) -> None:
+    cal = _calibration(STEEP, {"ngram": 0.05})
+    g = make_gate(tmp_path, "mode: prod\nbreaker: {min_samples: 2, ema_weight: 1.0}\nload: {max_in_flight: null}\n", calibration=cal)
+    be = cal.break_even_rate("ngram")
+    assert be is not None and 0.1 < be < 0.6
+    for rate in (be * 1.1, be * 1.1):  # just above: stays closed
+        d = g.decide(RequestInputs())
+        g.record_speculative(d, SpecStats(num_drafts=10, draft_tokens=100, accepted_tokens=round(100 * rate)))
+        g.finish(d)
+    assert g.breakers.snapshot("org").state is BreakerState.CLOSED
+    d = g.decide(RequestInputs())
+    g.record_speculative(d, SpecStats(num_drafts=10, draft_tokens=100, accepted_tokens=round(100 * be * 0.9)))
+    g.finish(d)
+    assert g.breakers.snapshot("org").state is BreakerState.OPEN

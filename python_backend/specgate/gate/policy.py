@@ -56,13 +56,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Thresholds an `auto` breaker falls back to when spec_engine publishes no calibration (the
+# tensorrtllm engines): the CPU engine's break-even in bf16 PyTorch on a bf16-capable machine.
+FALLBACK_OPEN, FALLBACK_CLOSE = 0.08, 0.10
+
+
 class BreakerPolicy(_Strict):
     """Per-tenant circuit breaker on the rolling acceptance rate (see breaker.py)."""
 
     ema_weight: float = Field(0.1, gt=0.0, le=1.0)
-    # The CPU engine's measured break-even acceptance (policy/default.yaml says how it was measured).
-    open_threshold: UnitInterval = 0.08
-    close_threshold: UnitInterval = 0.10
+    # auto: from spec_engine's calibration, the acceptance below which drafting stops paying on this
+    # machine (gate/calibration.py), and 25% above it; a number pins it.
+    open_threshold: UnitInterval | Literal["auto"] = "auto"
+    close_threshold: UnitInterval | Literal["auto"] = "auto"
     min_samples: int = Field(20, ge=1)
     cooldown_s: float = Field(30.0, ge=0.0)
     probe_fraction: float = Field(0.1, gt=0.0, le=0.5)
@@ -71,9 +77,17 @@ class BreakerPolicy(_Strict):
 
     @model_validator(mode="after")
     def _hysteresis(self) -> BreakerPolicy:
-        if self.close_threshold < self.open_threshold:
+        if (self.open_threshold == "auto") != (self.close_threshold == "auto"):
+            raise ValueError("breaker.open_threshold and close_threshold are both auto or both numbers")
+        if self.open_threshold != "auto" and self.close_threshold < self.open_threshold:  # type: ignore[operator]
             raise ValueError("breaker.close_threshold must be >= breaker.open_threshold")
         return self
+
+    def pinned(self, open_: float, close: float) -> BreakerPolicy:
+        """This policy with `auto` thresholds replaced by the given ones."""
+        if self.open_threshold != "auto":
+            return self
+        return self.model_copy(update={"open_threshold": open_, "close_threshold": close})
 
 
 class LoadPolicy(_Strict):
@@ -104,14 +118,20 @@ class ShadowPolicy(_Strict):
     max_concurrent_mirrors: int = Field(2, ge=0, le=64)
 
 
+Algorithm = SpecAlgorithm | Literal["auto"]
+
+
 class SpeculativePolicy(_Strict):
-    algorithm: SpecAlgorithm = "eagle"
+    # auto: the algorithm spec_engine's calibration expects fastest on this machine, at the tenant's
+    # acceptance (gate/calibration.py); without a calibration (tensorrtllm), eagle.
+    algorithm: Algorithm = "auto"
     # None: the engine's own default for whichever algorithm a request ends up with (CPU engine:
     # eagle 5-chain, eagle2 8-node tree, hybrid 13 nodes, ngram 5, draft_model 3), so a tenant or
     # request that picks another algorithm gets that algorithm's length: k means chain length for
     # some, tree nodes for eagle2 and hybrid.
     num_speculative_tokens: int | None = Field(None, ge=1)
-    max_num_speculative_tokens: int = Field(8, ge=1, le=64)
+    # An operator's cap on k below each algorithm's own maximum (specgate.algorithms); None: those.
+    max_num_speculative_tokens: int | None = Field(None, ge=1)
     # No response from spec_engine for this long counts as a failure and the request continues on
     # the baseline: Triton 2.51 never finalizes requests in flight on a Python-backend stub that
     # died, so without it such a client would wait forever.
@@ -119,7 +139,8 @@ class SpeculativePolicy(_Strict):
 
     @model_validator(mode="after")
     def _within_max(self) -> SpeculativePolicy:
-        if self.num_speculative_tokens is not None and self.num_speculative_tokens > self.max_num_speculative_tokens:
+        cap = self.max_num_speculative_tokens
+        if self.num_speculative_tokens is not None and cap is not None and self.num_speculative_tokens > cap:
             raise ValueError("speculative.num_speculative_tokens exceeds max_num_speculative_tokens")
         return self
 
@@ -132,7 +153,7 @@ class TenantPolicy(_Strict):
     allow_override: bool | None = None
     temperature_threshold: float | None = Field(None, ge=0.0)
     canary_percent: Percent | None = None
-    algorithm: SpecAlgorithm | None = None
+    algorithm: Algorithm | None = None
     num_speculative_tokens: int | None = Field(None, ge=1)
 
     _mode_off = field_validator("mode", mode="before")(_yaml_off)
@@ -172,7 +193,7 @@ class Policy(_Strict):
     def _tenant_tokens_within_max(self) -> Policy:
         limit = self.speculative.max_num_speculative_tokens
         for name, t in self.tenants.items():
-            if t.num_speculative_tokens is not None and t.num_speculative_tokens > limit:
+            if t.num_speculative_tokens is not None and limit is not None and t.num_speculative_tokens > limit:
                 raise ValueError(f"tenant {name}: num_speculative_tokens exceeds {limit}")
         return self
 

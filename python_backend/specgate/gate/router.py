@@ -14,6 +14,7 @@ Then the rules, in this order; the first that applies names the reason:
     temperature > threshold                    -> baseline     temperature
     prod from policy, hash(request id) > canary-> baseline     canary_out
     in flight >= load.max_in_flight            -> baseline     load
+    prod from policy, drafting cannot pay here -> baseline     no_gain      (spec_engine's calibration)
     breaker open (or half-open, not a probe)   -> baseline     circuit_open
     shadow, a mirror slot is free              -> baseline     shadow       (shadow=True: mirror it)
     shadow, all mirror slots busy              -> baseline     shadow_busy  (dropped, not queued)
@@ -21,8 +22,13 @@ Then the rules, in this order; the first that applies names the reason:
     prod, canary_percent < 100 and inside it   -> speculative  canary_in
     prod                                       -> speculative  prod
 
-The canary applies only when `prod` comes from policy (tenant or org): a request that asks for
-`prod` itself has opted in. A malformed `x-speculative-decoding` raises `PolicyError` (policy
+The canary and `no_gain` apply only when `prod` comes from policy (tenant or org): a request that
+asks for `prod` itself has opted in (spec_engine then still drafts only what pays, down to nothing).
+
+The algorithm is the request's, the tenant's or the policy's; `auto` (the shipped default) is the one
+spec_engine's calibration expects fastest at the tenant's acceptance (gate/calibration.py). With a
+calibration the gate refuses algorithms the engine does not have, and `auto` breaker thresholds are
+the acceptance below which the decision's algorithm stops paying on this machine. A malformed `x-speculative-decoding` raises `PolicyError` (policy
 `malformed_header: reject`, the default) or is ignored (`ignore`), whether or not the tenant may
 override. An unknown or missing `x-api-key` gets the org settings and shares the org breaker, label
 `org` (`unknown_tenant: org_default`, the default) or raises `PolicyError` (`reject`). A key is
@@ -40,14 +46,18 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Literal, Protocol
 
-from specgate.contract import HEADER_SPEC_MODE, SPEC_ALGORITHMS
+from specgate.algorithms import ALGORITHMS, SPEC_ALGORITHMS, check_k
+from specgate.calibration import Calibration
+from specgate.contract import HEADER_SPEC_MODE
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.calibration import CalibrationStore, best_algorithm, breaker_thresholds, can_pay
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
-from specgate.gate.policy import Loaded, Mode, Policy, PolicyError, PolicyStore, TenantPolicy
+from specgate.gate.policy import FALLBACK_CLOSE, FALLBACK_OPEN, BreakerPolicy, Loaded, Mode, Policy, PolicyError, PolicyStore, TenantPolicy
 from specgate.gate.tenants import ORG, TenantKeys
 
 log = logging.getLogger(__name__)
@@ -67,8 +77,9 @@ SHADOW_BUSY = "shadow_busy"
 HALF_OPEN_PROBE = "half_open_probe"
 CANARY_IN = "canary_in"
 PROD = "prod"
+NO_GAIN = "no_gain"
 REASONS: tuple[str, ...] = (
-    MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
+    MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, NO_GAIN, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
     HALF_OPEN_PROBE, CANARY_IN, PROD,
 )
 # Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.
@@ -77,6 +88,11 @@ ROUTE_OF: dict[str, Route] = {
 }
 
 _MODES = {m.value: m for m in Mode}
+# `auto` without a calibration (the tensorrtllm engines publish none): the algorithm of the default
+# TensorRT-LLM build (build/specs/smollm2-eagle.yaml).
+AUTO_UNCALIBRATED = "eagle"
+# The deepest draft position any algorithm reaches (a chain's k, a tree's depth): position series.
+MAX_POSITIONS = max(a.max_k if a.max_depth is None else a.max_depth for a in ALGORITHMS.values())
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 
 
@@ -166,9 +182,16 @@ class Gate:
         now: Callable[[], float] = time.monotonic,
         reload_interval_s: float = 1.0,
         label_secret: bytes | None = None,
+        calibration_path: str | os.PathLike[str] | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
-        """`label_secret` keys the tenant labels (labels.py); None: a random one for this process."""
+        """`label_secret` keys the tenant labels (labels.py); None: a random one for this process.
+        `calibration_path`: spec_engine's published calibration, reloaded as it changes; or a fixed
+        `calibration` (tests, benchmarks); neither: route on the policy alone."""
         self._store = PolicyStore(policy_path, check_interval_s=reload_interval_s, now=now)
+        self._calibration = (
+            CalibrationStore(Path(calibration_path), now, reload_interval_s) if calibration_path else CalibrationStore.fixed(calibration)
+        )
         self._tenant_labels = TenantLabels(label_secret if label_secret is not None else secrets.token_bytes(32))
         self._metrics = GateMetrics(metric_factory, ROUTE_OF.items())
         # the adapter's bounded queue (admission.py); limits from the live policy
@@ -204,7 +227,8 @@ class Gate:
         tenant_key, tenant = _tenant(inputs.api_key, policy, keys)
         label = self._label(tenant_key)
         requested = _requested_mode(inputs, policy)
-        algorithm, k = _speculation(inputs, tenant, policy)  # the last check that may reject it
+        cal = self._calibration.current()
+        algorithm, k = self._speculation(inputs, tenant, tenant_key, policy, cal)  # the last check that may reject it
         if requested is not None and not _override(tenant, "allow_override", policy.allow_override):
             self._metrics.override_ignored(label)
             requested = None
@@ -213,7 +237,7 @@ class Gate:
             already = self._in_flight
             self._in_flight += 1
         route, reason, shadow, probe = self._route(
-            inputs, policy, tenant, tenant_key, mode, requested is not None, already
+            inputs, policy, tenant, tenant_key, mode, requested is not None, already, cal, algorithm
         )
         decision = Decision(route, reason, shadow, algorithm, k, mode, label, probe, tenant_key)
         self._metrics.decision(route, reason, time.perf_counter() - start)
@@ -236,7 +260,7 @@ class Gate:
         )
         ema = self._breakers.record_acceptance(
             decision.tenant_key, stats.accepted_tokens, stats.draft_tokens,
-            self._store.current().breaker,
+            self._breaker_policy(self._store.current(), decision.algorithm),
         )
         if ema is not None:
             self._metrics.acceptance_rate(decision.tenant, ema)
@@ -245,7 +269,7 @@ class Gate:
         """An engine call failed. Speculative-engine failures count towards the tenant's breaker."""
         self._metrics.engine_failure(engine)
         if engine == SPECULATIVE:
-            self._breakers.record_failure(decision.tenant_key, self._store.current().breaker)
+            self._breakers.record_failure(decision.tenant_key, self._breaker_policy(self._store.current(), decision.algorithm))
 
     def end_shadow(self, decision: Decision, mismatch: bool | None) -> None:
         """A shadow mirror ended: `mismatch` from comparing outputs, None if it did not complete."""
@@ -263,6 +287,8 @@ class Gate:
         mode: Mode,
         from_request: bool,
         in_flight: int,
+        cal: Calibration | None,
+        algorithm: str,
     ) -> tuple[Route, str, bool, bool]:
         if mode is Mode.OFF:
             return BASELINE, MODE_OFF, False, False
@@ -275,7 +301,9 @@ class Gate:
         limit = policy.load.max_in_flight
         if limit is not None and in_flight >= limit:
             return BASELINE, LOAD, False, False
-        admission = self._breakers.admit(tenant_key, policy.breaker)
+        if mode is Mode.PROD and not from_request and cal is not None and not can_pay(cal, algorithm):
+            return BASELINE, NO_GAIN, False, False
+        admission = self._breakers.admit(tenant_key, self._breaker_policy(policy, algorithm))
         if admission is Admission.DENY:
             return BASELINE, CIRCUIT_OPEN, False, False
         probe = admission is Admission.PROBE
@@ -288,6 +316,42 @@ class Gate:
         if probe:
             return SPECULATIVE, HALF_OPEN_PROBE, False, True
         return SPECULATIVE, (PROD if canary >= 100.0 else CANARY_IN), False, False
+
+    def _breaker_policy(self, policy: Policy, algorithm: str) -> BreakerPolicy:
+        """The breaker settings with `auto` thresholds made concrete for this algorithm."""
+        cal = self._calibration.current()
+        if cal is not None and algorithm in cal.algorithms:
+            return policy.breaker.pinned(*breaker_thresholds(cal, algorithm))
+        return policy.breaker.pinned(FALLBACK_OPEN, FALLBACK_CLOSE)
+
+    def _speculation(
+        self, inputs: GateRequest, tenant: TenantPolicy | None, tenant_key: str, policy: Policy, cal: Calibration | None
+    ) -> tuple[str, int | None]:
+        """The algorithm and k a speculative route would use; PolicyError for what the engine would refuse."""
+        algorithm = inputs.speculative_algorithm or _override(tenant, "algorithm", policy.speculative.algorithm)
+        if algorithm == "auto":
+            if cal is None:
+                algorithm = AUTO_UNCALIBRATED
+            else:
+                snap = self._breakers.snapshot(tenant_key)
+                rate = snap.ema if snap.samples >= policy.breaker.min_samples else None
+                algorithm = best_algorithm(cal, rate)
+        if algorithm not in SPEC_ALGORITHMS:
+            raise PolicyError(f"speculative_algorithm: invalid value {algorithm[:32]!r}; allowed: {', '.join(SPEC_ALGORITHMS)}")
+        if cal is not None and algorithm not in cal.algorithms:
+            why = "it needs an EAGLE head trained for the served model" if ALGORITHMS[algorithm].needs_eagle_head else "no draft model is configured"
+            raise PolicyError(f"speculative_algorithm {algorithm} is not available on this server ({why}); available: {', '.join(cal.algorithms)}")
+        k = inputs.num_speculative_tokens
+        if k is None:
+            k = _override(tenant, "num_speculative_tokens", policy.speculative.num_speculative_tokens)
+        cap = policy.speculative.max_num_speculative_tokens
+        if k is not None and cap is not None and k > cap:
+            raise PolicyError(f"num_speculative_tokens: {k} is above this server's limit of {cap}")
+        try:
+            check_k(algorithm, k)  # the engine's own limits (specgate.algorithms)
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
+        return algorithm, k
 
     def _in_canary(self, request_id: str, percent: float) -> bool:
         # Deterministic: the same request id always lands on the same side. Requests without an
@@ -311,7 +375,7 @@ class Gate:
             if tenant not in self._labels:
                 log.info("tenant %s: metric label %s", tenant, self._label(tenant))
             self._metrics.declare_tenant(self._labels[tenant])
-        self._metrics.declare_positions(loaded.policy.speculative.max_num_speculative_tokens)
+        self._metrics.declare_positions(loaded.policy.speculative.max_num_speculative_tokens or MAX_POSITIONS)
 
     def _on_transition(self, tenant_key: str, old: BreakerState, new: BreakerState) -> None:
         label = self._label(tenant_key)
@@ -343,25 +407,6 @@ def _requested_mode(inputs: GateRequest, policy: Policy) -> Mode | None:
     if inputs.use_speculative_decoding is not None:
         return Mode.PROD if inputs.use_speculative_decoding else Mode.OFF
     return None
-
-
-def _speculation(
-    inputs: GateRequest, tenant: TenantPolicy | None, policy: Policy
-) -> tuple[str, int | None]:
-    default = _override(tenant, "algorithm", policy.speculative.algorithm)
-    algorithm = inputs.speculative_algorithm or default
-    if algorithm not in SPEC_ALGORITHMS:
-        raise PolicyError(
-            f"speculative_algorithm: invalid value {algorithm[:32]!r}; "
-            f"allowed: {', '.join(SPEC_ALGORITHMS)}"
-        )
-    k = inputs.num_speculative_tokens
-    if k is None:
-        k = _override(tenant, "num_speculative_tokens", policy.speculative.num_speculative_tokens)
-    limit = policy.speculative.max_num_speculative_tokens
-    if k is not None and not 1 <= k <= limit:
-        raise PolicyError(f"num_speculative_tokens: {k} is outside 1..{limit}")
-    return algorithm, k
 
 
 def _override(tenant: TenantPolicy | None, field: str, default: Any) -> Any:

@@ -102,7 +102,9 @@ class GateModel:
         self.end_id = int(p["end_id"])
         self.extensions = p["engine_extensions"] == "true"
         self.outputs = ENGINE_OUTPUT_NAMES + (EXTENSION_OUTPUT_NAMES if self.extensions else [])
-        self.gate = Gate(p["policy_path"], metric_factory=pb_utils, label_secret=label_secret_from_env())
+        self.gate = Gate(
+            p["policy_path"], metric_factory=pb_utils, label_secret=label_secret_from_env(), calibration_path=p.get("calibration_path") or None
+        )
         # One thread per admitted or queued request (the admission queue bounds them), plus the
         # hand-over message; threads start only as needed.
         self.pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CAP + MAX_QUEUED_CAP + 1, thread_name_prefix="gate")

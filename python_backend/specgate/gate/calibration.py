@@ -1,0 +1,86 @@
+"""The gate's view of spec_engine's calibration (specgate.calibration), reloaded when the engine
+publishes a new one (at its load, and whenever it is asked to measure again).
+
+What the gate takes from it:
+- which algorithms the engine has (the calibrated ones): a request for another is refused;
+- `auto`, the policy's default algorithm: the one expected fastest at the tenant's acceptance;
+- `can_pay`: whether drafting with an algorithm can beat plain decoding on this machine at all
+  (else routing to the one-at-a-time speculative engine buys nothing: reason `no_gain`);
+- the breaker's thresholds when the policy says `auto`: below the acceptance at which drafting
+  stops paying, the tenant's circuit opens.
+
+Without a file (spec_engine still loading, or the tensorrtllm engines, which publish none) the gate
+routes on the policy alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+from specgate.algorithms import ALGORITHMS
+from specgate.calibration import Calibration, default_depth
+from specgate.goodput import alpha_of_rate
+
+log = logging.getLogger(__name__)
+
+
+class CalibrationStore:
+    def __init__(self, path: Path | None, now: Callable[[], float], check_interval_s: float = 1.0) -> None:
+        self._path, self._now, self._interval = path, now, check_interval_s
+        self._next = 0.0
+        self._seen: tuple[int, int] | None = None
+        self._current: Calibration | None = None
+
+    @classmethod
+    def fixed(cls, calibration: Calibration | None) -> "CalibrationStore":
+        """A store that never reloads (tests, benchmarks)."""
+        store = cls(None, lambda: 0.0)
+        store._current = calibration
+        return store
+
+    def current(self) -> Calibration | None:
+        if self._path is not None and self._now() >= self._next:
+            self._next = self._now() + self._interval
+            self._reload()
+        return self._current
+
+    def _reload(self) -> None:
+        assert self._path is not None
+        try:
+            st = self._path.stat()
+        except OSError:
+            return  # not published (yet): keep what we have
+        signature = (st.st_mtime_ns, st.st_size)
+        if signature == self._seen:
+            return
+        self._seen = signature
+        try:
+            self._current = Calibration.load(self._path)
+        except (OSError, ValueError) as exc:
+            log.error("calibration %s unreadable, keeping the previous one: %s", self._path, exc)
+            return
+        log.info("gate uses spec_engine's %s", self._current.summary())
+
+
+def tenant_alpha(algorithm: str, rate: float | None) -> float:
+    """Per-position acceptance: from the tenant's measured acceptance rate if any, else the prior."""
+    return ALGORITHMS[algorithm].prior_acceptance if rate is None else alpha_of_rate(rate, default_depth(algorithm))
+
+
+def best_algorithm(cal: Calibration, rate: float | None) -> str:
+    """The calibrated algorithm with the highest expected speedup at this acceptance."""
+    return max(cal.algorithms, key=lambda name: cal.speedup(name, tenant_alpha(name, rate)))
+
+
+def can_pay(cal: Calibration, algorithm: str) -> bool:
+    return cal.algorithms[algorithm].break_even_alpha is not None
+
+
+def breaker_thresholds(cal: Calibration, algorithm: str) -> tuple[float, float]:
+    """(open, close) acceptance-rate thresholds: drafting stops paying below `open`; `close` is 25%
+    above it so that a tenant near the line does not flap."""
+    rate = cal.break_even_rate(algorithm)
+    open_ = 1.0 if rate is None else rate
+    return open_, min(1.0, open_ * 1.25)
