@@ -1,53 +1,63 @@
-"""The shipped policy's breaker, fed the real per-request acceptance of the engines it gates.
+"""The shipped policy's breaker, fed the real per-request acceptance of the engine it gates.
 
-The breaker exists to turn speculation off where it does not pay. With the shipped policy and the
-shipped weights (bf16, as served), the policy's default algorithm must keep an ordinary tenant's
-circuit closed (it measured faster than the baseline on every category of `make bench-engine`),
-and the untrained draft model (measured ~0.6x everywhere) must open it.
+Its thresholds are `auto`: the acceptance below which the request's algorithm stops paying, from
+spec_engine's calibration. With this machine's own calibration, the algorithm `auto` picks must keep
+an ordinary tenant's circuit closed: the engine drafts only where it expects drafting to pay, so what
+it drafts is accepted above break-even. The untrained draft model, whose drafts are almost never
+accepted, must open it: it is made to draft every step (a flat, free calibration for the engine),
+and judged against this machine's measured break-even.
 """
 
 from __future__ import annotations
 
-import torch
-
-from specgate.engine.model import load_llama
+from specgate.engine.config import EngineConfig
+from specgate.engine.loading import load_target
 from specgate.engine.sampling import SamplingParams
 from specgate.gate.breaker import BreakerState, CircuitBreakers
-from specgate.gate.policy import BreakerPolicy, load_policy
+from specgate.gate.calibration import best_algorithm, breaker_thresholds
+from specgate.gate.policy import load_policy
+from specgate.calibration import Calibration, CalibrationOverride
 from specgate.speculative import SpeculativeGenerator
+from specgate.speculative.calibrate import calibrate
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
-from tests.conftest import DRAFT, HEAD, ROOT
+from tests.conftest import DRAFT_GGUF, HEAD, ROOT
 from tests.prompts import GREEDY_PROMPTS
 
 MAX_LEN = 512
 NEW_TOKENS = 32
 
 
-def _breaker_state(
-    gen: SpeculativeGenerator, tok: PromptTokenizer, cfg: BreakerPolicy, algorithm: str, k: int | None
-) -> tuple[BreakerState, list[float]]:
-    breakers = CircuitBreakers(now=lambda: 0.0)
-    rates = []
+def _state(gen: SpeculativeGenerator, cal: Calibration, tok: PromptTokenizer, algorithm: str) -> tuple[BreakerState, list[float]]:
+    cfg = load_policy(ROOT / "policy" / "default.yaml").breaker.pinned(*breaker_thresholds(cal, algorithm))
+    breakers, rates = CircuitBreakers(now=lambda: 0.0), []
     for prompt in GREEDY_PROMPTS:  # 20 requests: the shipped min_samples
-        stream = gen.generate(tok.encode_prompt(prompt), NEW_TOKENS, SamplingParams(), algorithm, k)
+        stream = gen.generate(tok.encode_prompt(prompt), NEW_TOKENS, SamplingParams(), algorithm)
         for _ in stream:
             pass
         s = stream.stats
-        rates.append(s.accepted_tokens / max(s.draft_tokens, 1))
+        rates.append(s.accepted_tokens / s.draft_tokens if s.draft_tokens else float("nan"))
         breakers.record_acceptance("tenant", s.accepted_tokens, s.draft_tokens, cfg)
     return breakers.snapshot("tenant").state, rates
 
 
-def test_breaker_stays_closed_where_speculation_pays_and_opens_where_it_does_not(checkpoint):
+def test_auto_keeps_the_circuit_closed_and_free_drafting_opens_it_for_a_bad_drafter(gguf, checkpoint) -> None:  # noqa: ANN001
     policy = load_policy(ROOT / "policy" / "default.yaml")
-    assert len(GREEDY_PROMPTS) >= policy.breaker.min_samples
-    target = load_llama(checkpoint, torch.bfloat16, MAX_LEN)
-    gen = SpeculativeGenerator(target, build_drafters(target, MAX_LEN, DRAFT, HEAD), MAX_LEN)
+    assert policy.breaker.open_threshold == "auto" and len(GREEDY_PROMPTS) >= policy.breaker.min_samples
+    cfg = EngineConfig(model=gguf, draft_model=DRAFT_GGUF, eagle_head_dir=HEAD, max_context=MAX_LEN)
+    target = load_target(cfg, gguf, num_slots=1, tree_nodes=16)
+    drafters = build_drafters(target, cfg)
     tok = PromptTokenizer(checkpoint, MAX_LEN - NEW_TOKENS - 16)
 
-    spec = policy.speculative
-    state, rates = _breaker_state(gen, tok, policy.breaker, spec.algorithm, spec.num_speculative_tokens)
-    assert state is BreakerState.CLOSED, f"{spec.algorithm} k={spec.num_speculative_tokens} acceptance {rates}"
-    state, rates = _breaker_state(gen, tok, policy.breaker, "draft_model", spec.num_speculative_tokens)
-    assert state is BreakerState.OPEN, f"draft_model acceptance {rates}"
+    measured = calibrate(target, drafters)
+    gen = SpeculativeGenerator(target, drafters, measured.curve)
+    auto = best_algorithm(measured, None)
+    state, rates = _state(gen, measured, tok, auto)
+    assert state is BreakerState.CLOSED, f"{auto} on {measured.summary()}: acceptance {rates}"
+
+    free = calibrate(target, drafters, CalibrationOverride(cost_ratios={1: 1.0, 32: 1.0}, draft_ms={n: 0.0 for n in drafters}))
+    gen = SpeculativeGenerator(target, drafters, free.curve)
+    for name in free.algorithms:
+        gen.draft_cost[name] = free.draft_cost(name)
+    state, rates = _state(gen, measured, tok, "draft_model")
+    assert state is BreakerState.OPEN, f"draft_model acceptance {rates} on a flat curve"
