@@ -105,3 +105,17 @@ def test_bad_prompts_are_refused_at_submit(runner, model) -> None:
         runner.submit(_greedy([1, model.cfg.vocab_size]), Collect())
     with pytest.raises(ValueError, match="token ids"):
         runner.submit(_greedy([-1, 2]), Collect())
+
+
+def test_a_failing_response_stream_ends_its_request_not_the_worker(runner, prompts, reference) -> None:
+    """An emit that raises (the client went away mid-stream) must not kill the worker thread: the
+    next request is still served (before the fix each later request waited for the stall timeout)."""
+
+    def broken(ev: Event) -> None:
+        raise ConnectionError("client went away")
+
+    runner.submit(_greedy(prompts[0]), broken)
+    after = Collect()
+    runner.submit(_greedy(prompts[1]), after)
+    assert after.done.wait(120), "the worker thread died with the first request's stream"
+    assert after.tokens == reference[1] and after.final.error is None
