@@ -127,6 +127,25 @@ PARAM_CALIBRATE = "specgate_calibrate"
 # spec_engine's gauge of its measured verification cost curve, label `tokens`.
 VERIFY_COST_METRIC = "spec_decode_verification_cost_seconds"
 
+# Cancellation and liveness, CPU engines only (docs/robustness.md). Triton 2.51 cannot cancel a BLS
+# request, and tells a running ensemble step nothing of its client's cancellation, so:
+# - the gate tags each engine request with a random key, in this parameter;
+PARAM_REQUEST_KEY = "specgate_request_key"
+# - a control message with this parameter set to a key stops that request: an engine stops it at its
+#   next step; the gate (whose responses carry its own key in REQUEST_KEY_TENSOR, which
+#   postprocessing sends back when a request reaches it cancelled) stops serving it;
+PARAM_CANCEL = "specgate_cancel"
+REQUEST_KEY_TENSOR = "request_key"
+# - a live engine answers a control message with this parameter at once: the gate sends one when an
+#   engine request has been silent a while, to tell a slow engine from a dead process.
+PARAM_PING = "specgate_ping"
+# Each engine's series, label `model`: requests accepted and not finished; tokens in its KV cache
+# when the latest request ended (0 when idle); tokens generated; requests stopped by a cancellation.
+ENGINE_ACTIVE_METRIC = "specgate_engine_active_requests"
+ENGINE_KV_METRIC = "specgate_engine_kv_cache_tokens"
+ENGINE_TOKENS_METRIC = "specgate_engine_generated_tokens_total"
+ENGINE_CANCELLED_METRIC = "specgate_engine_cancelled_total"
+
 LLM_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "TYPE_STRING", (1,)),
     Tensor("max_tokens", "TYPE_INT32", (1,), optional=True),

@@ -70,6 +70,7 @@ class Tracker:
         self.tokens: dict[str, list[int]] = {}
         self.errors: dict[str, str | None] = {}
         self.finished_order: list[str] = []
+        self.cached_at_end: dict[str, int | None] = {}  # each final event's cached_tokens
         self._cv = threading.Condition()
 
     def emit(self, name: str, fail_on_call: int | None = None):
@@ -86,6 +87,7 @@ class Tracker:
                 if ev.finished:
                     assert name not in self.errors, f"{name} got a second final event"
                     self.errors[name] = ev.error
+                    self.cached_at_end[name] = ev.cached_tokens
                     self.finished_order.append(name)
                 self._cv.notify_all()
 
@@ -162,6 +164,7 @@ def test_cancel_one_member_mid_decode(checkpoint, model, prompts, alone):
     finally:
         runner.shutdown()
     assert t.errors == dict.fromkeys("bac")
+    assert t.cached_at_end[t.finished_order[-1]] == 0  # every slot's cache released, b's included
     assert t.tokens["b"] == alone[1][: len(t.tokens["b"])]
     assert t.tokens["a"] == alone[0] and t.tokens["c"] == alone[2]
 

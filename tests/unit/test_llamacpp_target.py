@@ -147,3 +147,16 @@ def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa
     _, lm_head = target.embeddings()
     implied = hidden[-1] @ lm_head.T
     assert (implied - logits).abs().max() < 0.5 and implied.argmax() == logits.argmax()
+
+
+def test_cached_tokens_is_what_llama_cpp_holds(tree_target, case) -> None:  # noqa: ANN001
+    """The engines export cached_tokens as proof that a finished or cancelled request freed its
+    cache: llama.cpp's own cells, tree branches included, until release empties them all."""
+    prompt, root, tree = case
+    assert tree_target.cached_tokens() == 0
+    tree_target.prefill(0, prompt, features=False)
+    assert tree_target.cached_tokens() == len(prompt)
+    tree_target.verify(0, root, tree, features=False)
+    assert tree_target.cached_tokens() > len(prompt) + len(tree)  # every branch holds the prefix too
+    tree_target.release(0)  # verified, never committed: a request cancelled mid-step
+    assert tree_target.cached_tokens() == 0

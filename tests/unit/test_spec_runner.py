@@ -119,3 +119,36 @@ def test_a_failing_response_stream_ends_its_request_not_the_worker(runner, promp
     runner.submit(_greedy(prompts[1]), after)
     assert after.done.wait(120), "the worker thread died with the first request's stream"
     assert after.tokens == reference[1] and after.final.error is None
+
+
+def test_cancel_stops_within_a_step_and_frees_the_slot(runner, prompts, reference) -> None:
+    """A request cancelled mid-decode ends after the step under way; its final event reports an
+    empty KV cache (the slot freed before the event went out) and the next request runs."""
+    cancel = threading.Event()
+    at_cancel: list[int] = []
+
+    def on_event(c: Collect) -> None:
+        if len(c.tokens) >= 3 and not cancel.is_set():
+            at_cancel.append(len(c.tokens))
+            cancel.set()
+
+    c = Collect(on_event)
+    runner.submit(_greedy(prompts[0]), c, cancel.is_set)
+    assert c.done.wait(120)
+    assert len(c.tokens) == at_cancel[0] < NEW  # nothing after the step that saw the cancel
+    assert c.tokens == reference[0][: len(c.tokens)] and c.final.error is None
+    assert c.final.cached_tokens == 0
+    after = Collect()
+    runner.submit(_greedy(prompts[1]), after)
+    assert after.done.wait(120) and after.tokens == reference[1] and after.final.cached_tokens == 0
+
+
+def test_a_request_cancelled_while_it_waits_never_starts(runner, prompts, reference) -> None:
+    running, cancel = Collect(), threading.Event()
+    waiting = Collect()
+    runner.submit(_greedy(prompts[0]), running)
+    runner.submit(_greedy(prompts[1]), waiting, cancel.is_set)
+    cancel.set()
+    assert waiting.done.wait(120) and running.done.wait(120)
+    assert waiting.tokens == [] and waiting.final.error is None and waiting.final.stats is None  # no prefill, no step
+    assert running.tokens == reference[0]

@@ -98,6 +98,7 @@ class LlamaCppTarget(Target):
         )
         self._len: dict[int, int] = {}
         self._verified: tuple[int, int, list[int], list[int]] | None = None  # slot, start, branch seqs, node -> branch
+        self._n_seq_max = cp.n_seq_max
         self._extra_seqs = list(range(num_slots, cp.n_seq_max))
         self._batch = L.llama_batch_init(N_BATCH, 0, cp.n_seq_max)
         b = self._batch
@@ -235,6 +236,11 @@ class LlamaCppTarget(Target):
 
     def length(self, slot: int) -> int:
         return self._len.get(slot, 0)
+
+    def cached_tokens(self) -> int:
+        """What llama.cpp itself holds, over every sequence id (tree branches included), not our
+        bookkeeping: a leak here is a leak of cache cells. Positions of a sequence start at 0."""
+        return sum(self._L.llama_memory_seq_pos_max(self._mem, s) + 1 for s in range(self._n_seq_max))
 
     def embeddings(self) -> tuple[Tensor, Tensor]:
         """The GGUF's token embedding and output tables, dequantized (the output is the embedding when tied)."""

@@ -21,13 +21,15 @@ class GenerationRequest(BaseModel):
 @dataclass
 class Event:
     """One step's new tokens for one request; `finished` marks the last event, `error` a failure,
-    `handed_over` a speculative request stopped early so the baseline can continue it."""
+    `handed_over` a speculative request stopped early so the baseline can continue it. The last
+    event also reports `cached_tokens`: the target's whole KV cache once this request let go of it."""
 
     tokens: list[int]
     finished: bool = False
     error: str | None = None
     stats: SpecStats | None = None
     handed_over: bool = False
+    cached_tokens: int | None = None
 
 
 def check_prompt(req: GenerationRequest, max_context: int, vocab_size: int) -> None:

@@ -191,7 +191,7 @@ class BatchRunner:
             self.target.release(seq.slot)
             self._free.append(seq.slot)
             seq.slot = -1
-        self._safe_emit(seq, Event(tokens or [], finished=True, error=error))
+        self._safe_emit(seq, Event(tokens or [], finished=True, error=error, cached_tokens=self.target.cached_tokens()))
 
     def _guard(self, seq: _Seq, fn: Callable[[_Seq], None]) -> None:
         """Run one request's step; its failure ends that request only."""

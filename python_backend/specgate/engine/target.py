@@ -73,6 +73,10 @@ class Target(ABC):
     def length(self, slot: int) -> int:
         """Tokens cached for the slot."""
 
+    def cached_tokens(self) -> int:
+        """Tokens cached over all slots: 0 once every sequence is released (engines export it)."""
+        return sum(self.length(slot) for slot in range(self.info.num_slots))
+
     @abstractmethod
     def embeddings(self) -> tuple[Tensor, Tensor]:
         """(input embedding table [V, D], output projection [V, D]) as float32: the EAGLE head shares them."""

@@ -15,7 +15,9 @@ from typing import Any, Callable
 import numpy as np
 
 from specgate.algorithms import ALGORITHMS
-from specgate.contract import PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, VERIFY_COST_METRIC
+from specgate.contract import (
+    PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY, VERIFY_COST_METRIC,
+)
 from specgate.engine.config import EngineConfig
 from specgate.engine.loading import load_target
 from specgate.engine.machine import machine
@@ -23,6 +25,8 @@ from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.sampling import SamplingParams
 from specgate.engine.target import Target
 from specgate.calibration import Calibration, CalibrationOverride
+from specgate.serving.engine_metrics import EngineMetrics
+from specgate.serving.live_requests import LiveRequests
 from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput
@@ -72,15 +76,18 @@ class ResponseStream:
     The engine's decode loop only records events here; `ResponseSender`'s thread sends them, so a
     decode step never waits for the IPC of a send (about a millisecond per response on a busy
     2-core machine, against a few milliseconds per token). Tokens that arrive while a send is under
-    way go out together in the next response.
+    way go out together in the next response. `on_final` runs on that thread after the last one.
     """
 
-    def __init__(self, sender: Any, streaming: bool, outbox: "ResponseSender") -> None:
-        self.sender, self.streaming, self.outbox = sender, streaming, outbox
+    def __init__(
+        self, sender: Any, streaming: bool, outbox: "ResponseSender", on_final: Callable[["ResponseStream", Event], None] | None = None
+    ) -> None:
+        self.sender, self.streaming, self.outbox, self.on_final = sender, streaming, outbox, on_final
         self.tokens: list[int] = []  # everything emitted so far
         self.sent = 0  # of which already in a response
         self.last: Event | None = None  # the newest event (stats, flags)
         self.failed = False  # a send raised: the client is gone
+        self.cancelled = False  # the client cancelled (Triton's flag) or the gate asked (PARAM_CANCEL)
         self.scheduled = False
         self.lock = threading.Lock()
 
@@ -93,8 +100,13 @@ class ResponseStream:
             self.scheduled = True
         self.outbox.schedule(self)
 
+    def cancel(self) -> None:
+        self.cancelled = True
+
     def is_cancelled(self) -> bool:
-        return self.failed or self.sender.is_cancelled()
+        if not (self.failed or self.cancelled) and self.sender.is_cancelled():  # an IPC: asked last
+            self.cancelled = True
+        return self.failed or self.cancelled
 
     def flush(self) -> None:
         """Send what is pending (on the sender thread)."""
@@ -102,18 +114,21 @@ class ResponseStream:
             self.scheduled = False
             ev, tokens, final = self.last, self.tokens[self.sent :], bool(self.last and self.last.finished)
             self.sent = len(self.tokens)
-        if ev is None or self.failed:
+        if ev is None:
             return
-        try:
-            if ev.error is not None:
-                self.sender.send(error_response(ev.error, invalid_arg=False), flags=FINAL)
-            elif self.streaming:
-                self.sender.send(self._response(tokens, ev), flags=FINAL if final else 0)
-            elif final:
-                self.sender.send(self._response(self.tokens, ev), flags=FINAL)
-        except Exception:  # the client went away: the engine stops this request at its next step
-            log.warning("response stream failed", exc_info=True)
-            self.failed = True
+        if not self.failed:
+            try:
+                if ev.error is not None:
+                    self.sender.send(error_response(ev.error, invalid_arg=False), flags=FINAL)
+                elif self.streaming:
+                    self.sender.send(self._response(tokens, ev), flags=FINAL if final else 0)
+                elif final:
+                    self.sender.send(self._response(self.tokens, ev), flags=FINAL)
+            except Exception:  # the client went away: the engine stops this request at its next step
+                log.warning("response stream failed", exc_info=True)
+                self.failed = True
+        if final and self.on_final is not None:
+            self.on_final(self, ev)
 
     def _response(self, tokens: list[int], ev: Event) -> Any:
         s = ev.stats or SpecStats()
@@ -161,6 +176,8 @@ class EngineModel:
         self.cfg = EngineConfig.load(params["engine_config"]["string_value"])
         self.name = args["model_name"]
         self.outbox = ResponseSender()
+        self.live = LiveRequests()
+        self.metrics = EngineMetrics(pb_utils, self.name)
         self.runner = self.make_runner(self.cfg)
         info = self.runner_target().info
         log.info(
@@ -184,8 +201,15 @@ class EngineModel:
                 if self.control(params, sender):
                     continue
                 req, streaming = parse_engine_request(request, self.cfg)
-                stream = ResponseStream(sender, streaming, self.outbox)
-                self.submit(req, stream, stream.is_cancelled, params)
+                key = params.get(PARAM_REQUEST_KEY)
+                key = None if key is None else str(key)
+                stream = ResponseStream(sender, streaming, self.outbox, on_final=lambda s, ev, key=key: self._ended(s, ev, key))
+                self._track(stream, key)
+                try:
+                    self.submit(req, stream, stream.is_cancelled, params)
+                except Exception:
+                    self._untrack(key)
+                    raise
             except (InvalidInput, ValueError) as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
             except Exception as exc:  # QueueFull and anything unexpected: answer, never drop
@@ -195,7 +219,32 @@ class EngineModel:
 
     def control(self, params: dict, sender: Any) -> bool:
         """Handle a control message (not a generation); True if `params` held one."""
-        return False
+        if PARAM_CANCEL in params:  # the gate: its client cancelled the request with this key
+            self.live.cancel(str(params[PARAM_CANCEL]))
+        elif not params.get(PARAM_PING):  # the gate: are you alive? (answering is the answer)
+            return False
+        self.reply(sender)
+        return True
+
+    def reply(self, sender: Any, error: str | None = None) -> None:
+        """Answer a control message with one final response (an error if `error`)."""
+        ResponseStream(sender, False, self.outbox)(Event([], finished=True, error=error))
+
+    def _track(self, stream: ResponseStream, key: str | None) -> None:
+        self.metrics.started()
+        if key is not None:
+            self.live.add(key, stream)
+
+    def _untrack(self, key: str | None) -> None:
+        """A request that was refused after `_track`."""
+        if key is not None:
+            self.live.discard(key)
+        self.metrics.ended(0, None, False)
+
+    def _ended(self, stream: ResponseStream, final: Event, key: str | None) -> None:
+        if key is not None:
+            self.live.discard(key)
+        self.metrics.ended(len(stream.tokens), final.cached_tokens, stream.cancelled)
 
     def finalize(self) -> None:
         self.runner.shutdown()
@@ -236,17 +285,18 @@ class SpeculativeEngineModel(EngineModel):
             cal.save(self.cfg.calibration_path)
 
     def control(self, params: dict, sender: Any) -> bool:
+        if super().control(params, sender):
+            return True
         if params.get(PARAM_HAND_OVER):  # the gate asks: hand every running request over to the baseline
             self.runner.hand_over_all()
-            ResponseStream(sender, False, self.outbox)(Event([], finished=True))
+            self.reply(sender)
             return True
         if PARAM_CALIBRATE in params:  # an operator asks: measure again (pinning what the value says)
             value = params[PARAM_CALIBRATE]
             override = CalibrationOverride.model_validate_json(value) if value not in ("", True) else None
 
             def done(result: Any) -> None:
-                error = f"calibration failed: {result}" if isinstance(result, Exception) else None
-                ResponseStream(sender, False, self.outbox)(Event([], finished=True, error=error))
+                self.reply(sender, f"calibration failed: {result}" if isinstance(result, Exception) else None)
 
             self.runner.recalibrate(done, override)
             return True

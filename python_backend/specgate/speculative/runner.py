@@ -131,26 +131,31 @@ class SpeculativeRunner:
 
     def _run(self, job: _Job) -> None:
         if time.monotonic() - job.enqueued > self.cfg.queue_timeout_s:
-            _safe_emit(job, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
+            self._end(job, Event([], finished=True, error=f"timed out after {self.cfg.queue_timeout_s:.0f}s in queue"))
             return
         if job.enqueued <= self._hand_over_before:  # asked to hand over while it waited
-            _safe_emit(job, Event([], finished=True, handed_over=True))
+            self._end(job, Event([], finished=True, handed_over=True))
+            return
+        if job.is_cancelled():  # while it waited: not even a prefill
+            self._end(job, Event([], finished=True))
             return
         r = job.req
         stream = self.generator.generate(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words)
         try:
-            self._stream(job, stream)
+            final = self._stream(job, stream)
         finally:
-            stream.close()
+            stream.close()  # frees the slot, before the final event reports the cache
+        self._end(job, final)
 
-    def _stream(self, job: _Job, stream: SpecStream) -> None:
+    def _stream(self, job: _Job, stream: SpecStream) -> Event:
+        """Emit the request's tokens as they come; returns its final event."""
         r = job.req
         emitted = 0
         for tokens in stream:
             if job.is_cancelled():
                 break
-            if not _safe_emit(job, Event(tokens, stats=stream.stats)):
-                return  # the client went away: stop generating for it
+            if not _safe_emit(job, Event(tokens, stats=stream.stats)):  # the client went away: stop
+                return Event([], finished=True, stats=stream.stats, error="response stream failed")
             emitted += len(tokens)
             # Hand over only a request that still has work and room: the baseline continues from
             # prompt + emitted tokens (a finished one would run past its stop sequence).
@@ -159,9 +164,12 @@ class SpeculativeRunner:
                 and stream.finish_reason is None
                 and len(r.input_ids) + emitted + 1 < self.cfg.max_context
             ):
-                _safe_emit(job, Event([], finished=True, stats=stream.stats, handed_over=True))
-                return
-        _safe_emit(job, Event([], finished=True, stats=stream.stats))
+                return Event([], finished=True, stats=stream.stats, handed_over=True)
+        return Event([], finished=True, stats=stream.stats)
+
+    def _end(self, job: _Job, final: Event) -> None:
+        final.cached_tokens = self.generator.target.cached_tokens()
+        _safe_emit(job, final)
 
 
 def _safe_emit(job: _Job, ev: Event) -> bool:
