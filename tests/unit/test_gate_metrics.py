@@ -43,6 +43,7 @@ def test_families_and_kinds(pb: InMemoryMetricFactory, fams: dict[str, InMemoryF
         "spec_gate_override_ignored_total": "counter",
         "spec_gate_overloaded_total": "counter",
         "spec_gate_queued": "gauge",
+        "spec_gate_cancelled_total": "counter",
     }
 
 
@@ -89,6 +90,10 @@ def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemor
     assert fams["spec_decode_num_drafts_total"].value() == 2 + 3  # 9 tokens / k=4 -> 3 drafts
     assert fams["spec_decode_num_draft_tokens_total"].value() == 17
     assert fams["spec_decode_acceptance_rate"].value(tenant=label) == pytest.approx(0.9 * 0.75 + 0.1 * 2 / 9)
+
+    assert fams["spec_gate_cancelled_total"].value() == 0  # at 0 from the start
+    gate.record_cancelled()
+    assert fams["spec_gate_cancelled_total"].value() == 1
 
     gate.record_failure(decisions[0], "speculative")
     gate.record_failure(decisions[0], "speculative")

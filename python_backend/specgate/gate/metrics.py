@@ -52,6 +52,7 @@ IN_FLIGHT = "spec_gate_in_flight"
 OVERRIDE_IGNORED = "spec_gate_override_ignored_total"
 OVERLOADED = "spec_gate_overloaded_total"
 QUEUED = "spec_gate_queued"
+CANCELLED = "spec_gate_cancelled_total"
 
 _Labels = tuple[tuple[str, str], ...]
 
@@ -82,6 +83,7 @@ class GateMetrics:
             OVERRIDE_IGNORED: ("Requests whose own mode choice was ignored: the tenant may not override", counter),
             OVERLOADED: ("Requests refused as overloaded: queue full, or no slot before the queue timeout", counter),
             QUEUED: ("Requests waiting in the gate's admission queue", gauge),
+            CANCELLED: ("Requests whose client cancelled them mid-stream; their engines were told to stop", counter),
         }
         self._families = {
             name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
@@ -91,7 +93,7 @@ class GateMetrics:
         # worker threads; they are serialized (a stub crashed with heap corruption without this).
         self._lock = threading.RLock()
         with self._lock:
-            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED):
+            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED, CANCELLED):
                 self._get(name)
             self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS)
             for engine in ENGINES:
@@ -169,6 +171,10 @@ class GateMetrics:
     def overloaded(self, reason: str) -> None:
         with self._lock:
             self._get(OVERLOADED, (("reason", reason),)).increment(1)
+
+    def cancelled(self) -> None:
+        with self._lock:
+            self._get(CANCELLED).increment(1)
 
     def queued(self, n: int) -> None:
         with self._lock:

@@ -271,6 +271,10 @@ class Gate:
         if engine == SPECULATIVE:
             self._breakers.record_failure(decision.tenant_key, self._breaker_policy(self._store.current(), decision.algorithm))
 
+    def record_cancelled(self) -> None:
+        """The client cancelled a request mid-stream (not the engine's failure: no breaker sample)."""
+        self._metrics.cancelled()
+
     def end_shadow(self, decision: Decision, mismatch: bool | None) -> None:
         """A shadow mirror ended: `mismatch` from comparing outputs, None if it did not complete."""
         with self._lock:

@@ -13,24 +13,26 @@ Hand-over under load: when the load rule sends a request to the baseline while s
 requests are running, the gate asks spec_engine (CPU engines only) to hand them over; each then
 continues on the batched baseline the same way, with reason `load`. Otherwise a speculative request
 that started alone keeps the one-at-a-time engine busy beside the batch, and both slow down.
+
+Cancellation (CPU engines only; docs/robustness.md): each response carries the request's key,
+which postprocessing sends back when the client has cancelled; the gate then stops the request and
+tells its engines to stop it too.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
-import queue
+import secrets
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
-    engine_inputs,
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER,
+    PARAM_NUM_SPEC_TOKENS, PARAM_REQUEST_KEY, REQUEST_KEY_TENSOR, engine_inputs,
 )
 from specgate.gate import Decision, Gate, PolicyError
 from specgate.gate.admission import Overloaded, Ticket
@@ -38,7 +40,10 @@ from specgate.gate.labels import label_secret_from_env
 from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
 from specgate.llm_request import LLMRequest, parse_llm_request
-from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor, unavailable_response
+from specgate.serving.bls import Cancelled, EngineFailure, responses
+from specgate.serving.triton_io import (
+    FINAL, cancelled_response, error_response, optional_array, optional_scalar, request_parameters, tensor, unavailable_response,
+)
 from specgate.stats import SpecStats
 from specgate.errors import InvalidInput
 
@@ -52,8 +57,7 @@ _LLM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream", 
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
 
 
-class EngineFailure(RuntimeError):
-    """The engine failed (not the client's fault): fall back if possible."""
+CONTROL_TIMEOUT_S = 10.0  # an engine answers a control message at once; silence this long: it is gone
 
 
 class HandedOver(Exception):
@@ -112,13 +116,19 @@ class GateModel:
         self._speculating = 0  # speculative requests and mirrors now on spec_engine
         self._lock = threading.Lock()
         self._handing_over = threading.Lock()  # at most one hand-over message in flight
+        self._live: dict[int, threading.Event] = {}  # request key -> set when its client cancelled
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
             ticket = decision = None
             try:
-                llm = self._parse(request)
+                params = request_parameters(request)
+                if PARAM_CANCEL in params:  # postprocessing: the client of this key cancelled
+                    self._cancel(params[PARAM_CANCEL])
+                    sender.send(flags=FINAL)
+                    continue
+                llm = self._parse(request, params)
                 prompt = [int(t) for t in optional_array(request, "input_ids").reshape(-1)]
                 stops = _stop_words(optional_array(request, "stop_words_list"))
                 ticket = self.gate.admission.enter()
@@ -145,11 +155,10 @@ class GateModel:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.mirrors.shutdown(wait=False, cancel_futures=True)
 
-    def _parse(self, request: Any) -> LLMRequest:
+    def _parse(self, request: Any, params: dict[str, Any]) -> LLMRequest:
         fields = {name: optional_scalar(request, name) for name in _LLM_FIELDS}
         alg = optional_scalar(request, "speculative_algorithm")
         fields["speculative_algorithm"] = alg.decode(errors="replace") if isinstance(alg, bytes) else alg
-        params = request_parameters(request)
         fields["api_key"] = params.get(HEADER_API_KEY)
         header = params.get(HEADER_SPEC_MODE)
         fields["spec_header"] = None if header is None else str(header)
@@ -158,7 +167,11 @@ class GateModel:
 
     # -- serving ---------------------------------------------------------------------------------
     def _serve(self, sender: Any, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None, ticket: Ticket) -> None:
-        out = _Output(sender, llm.stream, d.route, d.reason)
+        key = secrets.randbits(63)
+        out = _Output(sender, llm.stream, d.route, d.reason, key)
+        cancel = threading.Event()
+        with self._lock:
+            self._live[key] = cancel
         try:
             try:
                 self.gate.admission.wait(ticket)
@@ -167,29 +180,13 @@ class GateModel:
                     self.gate.end_shadow(d, None)  # its mirror never started
                 raise
             if d.route == "speculative":
-                try:
-                    stats = self._run("spec_engine", llm, d, prompt, stops, out.send)
-                    self.gate.record_speculative(d, stats)
-                except HandedOver:
-                    self.gate.record_speculative(d, out.stats)
-                    # the response keeps reporting the drafts made before the hand-over
-                    self._continue_on_baseline(out, LOAD, out.stats, llm, d, prompt, stops)
-                except EngineFailure as exc:
-                    log.warning("spec_engine failed, continuing on target_engine: %s", exc)
-                    self.gate.record_failure(d, "speculative")
-                    self._continue_on_baseline(out, FALLBACK, SpecStats(), llm, d, prompt, stops)
+                self._serve_speculative(out, cancel, llm, d, prompt, stops)
             else:
-                mirror = self._start_mirror(llm, d, prompt, stops) if d.shadow else None
-                try:
-                    self._run("target_engine", llm, d, prompt, stops, out.send)
-                except EngineFailure:
-                    self.gate.record_failure(d, "baseline")
-                    if mirror is not None:
-                        self._end_mirror(d, mirror, None)
-                    raise
-                if mirror is not None:
-                    self.mirrors.submit(self._end_mirror, d, mirror, out.ids if llm.temperature == 0 else None)
+                self._serve_baseline(out, cancel, llm, d, prompt, stops)
             out.finish()
+        except Cancelled:  # no acceptance sample: a reply's first tokens are not a fair one
+            self.gate.record_cancelled()
+            out.fail(cancelled_response("cancelled by the client"))
         except Overloaded as exc:
             out.fail(unavailable_response(str(exc)))
         except (EngineFailure, InvalidInput) as exc:
@@ -198,23 +195,60 @@ class GateModel:
             log.exception("gate failed")
             out.fail(error_response(f"gate error: {exc}", invalid_arg=False))
         finally:
+            with self._lock:
+                del self._live[key]
             self.gate.admission.leave(ticket)
             self.gate.finish(d)
 
+    def _serve_speculative(
+        self, out: _Output, cancel: threading.Event, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
+    ) -> None:
+        try:
+            stats = self._run("spec_engine", llm, d, prompt, stops, out.send, cancel)
+            self.gate.record_speculative(d, stats)
+        except HandedOver:
+            self.gate.record_speculative(d, out.stats)
+            # the response keeps reporting the drafts made before the hand-over
+            self._continue_on_baseline(out, cancel, LOAD, out.stats, llm, d, prompt, stops)
+        except EngineFailure as exc:
+            log.warning("spec_engine failed, continuing on target_engine: %s", exc)
+            self.gate.record_failure(d, "speculative")
+            self._continue_on_baseline(out, cancel, FALLBACK, SpecStats(), llm, d, prompt, stops)
+
+    def _serve_baseline(
+        self, out: _Output, cancel: threading.Event, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
+    ) -> None:
+        mirror = self._start_mirror(llm, d, prompt, stops, cancel) if d.shadow else None
+        try:
+            self._run("target_engine", llm, d, prompt, stops, out.send, cancel)
+        except (EngineFailure, Cancelled) as exc:
+            if isinstance(exc, EngineFailure):
+                self.gate.record_failure(d, "baseline")
+            if mirror is not None:
+                self.mirrors.submit(self._end_mirror, d, mirror, None)
+            raise
+        if mirror is not None:
+            self.mirrors.submit(self._end_mirror, d, mirror, out.ids if llm.temperature == 0 else None)
+
     def _continue_on_baseline(
-        self, out: _Output, reason: str, stats: SpecStats, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
+        self, out: _Output, cancel: threading.Event, reason: str, stats: SpecStats, llm: LLMRequest, d: Decision, prompt: list[int],
+        stops: np.ndarray | None,
     ) -> None:
         """Finish on target_engine a request that started on spec_engine, from the prompt plus the
         tokens already streamed; its responses report `reason` and `stats` from here on."""
         out.route, out.reason, out.stats = "baseline", reason, stats
-        self._run("target_engine", llm, d, prompt + out.ids, stops, lambda tokens, _: out.send(tokens, stats), already=len(out.ids))
+        self._run("target_engine", llm, d, prompt + out.ids, stops, lambda tokens, _: out.send(tokens, stats), cancel, already=len(out.ids))
 
-    def _engine_request(self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool) -> Any:
+    def _engine_request(
+        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None
+    ) -> Any:
         arrays = engine_inputs(
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
             seed=llm.seed, streaming=stream, stop_words=stops,
         )
         params: dict[str, Any] = {}
+        if key is not None:
+            params[PARAM_REQUEST_KEY] = key
         if engine == "spec_engine":
             params[PARAM_ALGORITHM] = d.algorithm
             if d.num_speculative_tokens is not None:  # else the engine's default for the algorithm
@@ -229,26 +263,30 @@ class GateModel:
         ids: list[int],
         stops: np.ndarray | None,
         on_tokens: Callable[[list[int], SpecStats], None],
+        cancel: threading.Event,
         already: int = 0,
         stream: bool | None = None,
     ) -> SpecStats:
         """Run one engine request, passing each response's new tokens on; returns final stats.
 
-        Raises InvalidInput for the client's mistakes, EngineFailure for the engine's, and
-        HandedOver when spec_engine stopped the request early at the gate's request.
+        Raises InvalidInput for the client's mistakes, EngineFailure for the engine's, HandedOver
+        when spec_engine stopped the request early at the gate's request, and Cancelled once
+        `cancel` is set (after telling the engine to stop the request).
         """
         remaining = llm.max_tokens - already
         stats = SpecStats()
         if remaining <= 0:
             return stats
-        req = self._engine_request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream)
+        # CPU engines understand cancel messages (tensorrtllm does not)
+        key = secrets.token_hex(8) if self.extensions else None
+        req = self._engine_request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key)
         speculative = engine == "spec_engine"
         stall_s = self.gate.policy.speculative.stall_timeout_s if speculative else None
         handed_over = False
         if speculative:
             self._count_speculating(+1)
         try:
-            for batch in _responses(req, engine, stall_s):
+            for batch in responses(req, engine, stall_s, cancel):
                 tokens: list[int] = []
                 for resp in batch:
                     if resp.has_error():
@@ -267,6 +305,10 @@ class GateModel:
                     flag = _out(resp, "handed_over")
                     handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
                 on_tokens(tokens, stats)
+        except Cancelled:
+            if key is not None:
+                self._stop_engine_request(engine, key)
+            raise
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
             raise EngineFailure(f"{engine}: {exc}") from exc
         finally:
@@ -280,30 +322,54 @@ class GateModel:
         with self._lock:
             self._speculating += delta
 
+    def _control(self, engine: str, params: dict[str, Any]) -> None:
+        """Send `engine` a control message (contract.PARAM_*); EngineFailure unless it answers in time."""
+        arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
+        req = _bls_request(engine, arrays, ["output_ids"], params)
+        try:
+            for batch in responses(req, engine, CONTROL_TIMEOUT_S):
+                for resp in batch:
+                    if resp.has_error():
+                        raise EngineFailure(f"{engine} is not answering: {resp.error().message()}")
+        except pb_utils.TritonModelException as exc:
+            raise EngineFailure(f"{engine} is not answering: {exc}") from exc
+
+    def _cancel(self, key: Any) -> None:
+        """Postprocessing saw the client of request `key` cancel: stop serving it (see _run)."""
+        try:
+            key = int(key)
+        except (TypeError, ValueError):
+            return
+        with self._lock:
+            cancel = self._live.get(key)
+        if cancel is not None:
+            cancel.set()
+
+    def _stop_engine_request(self, engine: str, key: str) -> None:
+        try:
+            self._control(engine, {PARAM_CANCEL: key})
+        except EngineFailure as exc:  # it then runs to its end, unread
+            log.warning("could not cancel a %s request: %s", engine, exc)
+
     def _hand_over(self) -> None:
         """Ask spec_engine to hand every running or queued request over (see the module doc)."""
         if not self._handing_over.acquire(blocking=False):
             return  # one is on its way; a later load decision sends the next
         try:
-            arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
-            req = _bls_request("spec_engine", arrays, ["output_ids"], {PARAM_HAND_OVER: True})
-            for batch in _responses(req, "spec_engine", 10.0):
-                for resp in batch:
-                    if resp.has_error():
-                        log.warning("spec_engine refused the hand-over: %s", resp.error().message())
-        except Exception as exc:  # the requests then simply finish on spec_engine
+            self._control("spec_engine", {PARAM_HAND_OVER: True})
+        except EngineFailure as exc:  # the requests then simply finish on spec_engine
             log.warning("hand-over to the baseline failed: %s", exc)
         finally:
             self._handing_over.release()
 
     # -- shadow ------------------------------------------------------------------------------------
-    def _start_mirror(self, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None) -> Future:
+    def _start_mirror(self, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None, cancel: threading.Event) -> Future:
         def mirror() -> tuple[list[int], SpecStats] | None:
             ids: list[int] = []
             try:
-                stats = self._run("spec_engine", llm, d, prompt, stops, lambda t, s: ids.extend(t), stream=False)
-            except HandedOver:
-                return None  # stopped early under load: nothing to compare
+                stats = self._run("spec_engine", llm, d, prompt, stops, lambda t, s: ids.extend(t), cancel, stream=False)
+            except (HandedOver, Cancelled):
+                return None  # stopped early (under load, or its request was cancelled): nothing to compare
             return ids, stats
 
         return self.mirrors.submit(mirror)
@@ -325,86 +391,14 @@ class GateModel:
         self.gate.end_shadow(d, None if served is None else ids != served)
 
 
-_DONE = object()
-
-
-class _Keepalive:
-    """Holds each finished BLS request and its response iterator for `hold_s` before Python drops them.
-
-    Why (from the backend's source, and a soak test that crashed the stub within two minutes
-    without this): the stub's cleanup thread also holds every decoupled BLS response iterator and
-    releases it without the GIL. If Python has dropped its reference
-    first, the iterator and its responses' numpy arrays are freed on that thread, which corrupts
-    the interpreter's heap (`malloc(): unaligned fastbin chunk detected`, segfaults in libpython;
-    later backends take the GIL in the tensor destructor). Dropping our reference well after the
-    cleanup thread has let go (it does so within milliseconds of the final response) makes the free
-    happen here, under the GIL.
-    """
-
-    def __init__(self, hold_s: float = 5.0) -> None:
-        self.hold_s = hold_s
-        self._held: collections.deque[tuple[float, Any]] = collections.deque()
-        self._lock = threading.Lock()
-
-    def hold(self, *objs: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._held.append((now + self.hold_s, objs))
-            expired = []
-            while self._held and self._held[0][0] <= now:
-                expired.append(self._held.popleft())
-        del expired  # freed here, by a Python thread that holds the GIL
-
-
-_KEEPALIVE = _Keepalive()
-
-
-def _responses(req: Any, engine: str, stall_s: float | None) -> Iterator[list[Any]]:
-    """The BLS responses of `req`, in lists of those that arrived while the previous list was being
-    forwarded (so a slow client path gets fewer, larger responses instead of a growing backlog).
-    Fails with EngineFailure if nothing arrives for `stall_s` seconds (None: wait forever).
-
-    The BLS iterator is drained on its own thread: it blocks forever when the engine's stub process
-    dies mid-request, and that thread is then abandoned.
-    """
-    q: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        it = None
-        try:
-            it = req.exec(decoupled=True)
-            for r in it:
-                q.put(r)
-        except Exception as exc:  # re-raised on the serving thread
-            q.put(exc)
-        finally:
-            _KEEPALIVE.hold(req, it)
-        q.put(_DONE)
-
-    threading.Thread(target=pump, name=f"bls-{engine}", daemon=True).start()
-    while True:
-        try:
-            items = [q.get(timeout=stall_s)]
-        except queue.Empty:
-            raise EngineFailure(f"{engine}: no response for {stall_s:.0f} s") from None
-        while not q.empty():
-            items.append(q.get_nowait())
-        batch = [i for i in items if i is not _DONE and not isinstance(i, Exception)]
-        if batch:
-            yield batch
-        for item in items:
-            if isinstance(item, Exception):
-                raise item
-            if item is _DONE:
-                return
-
-
 class _Output:
-    """The client-facing stream of one request: cumulative ids for postprocessing, route and stats."""
+    """The client-facing stream of one request: cumulative ids for postprocessing, route and stats.
+    Every response carries the request's key, which postprocessing sends back if the client cancels."""
 
-    def __init__(self, sender: Any, stream: bool, route: str, reason: str) -> None:
+    def __init__(self, sender: Any, stream: bool, route: str, reason: str, key: int) -> None:
         self.sender, self.stream = sender, stream
         self.route, self.reason = route, reason
+        self.key = key
         self.ids: list[int] = []
         self.prev = 0
         self.stats = SpecStats()
@@ -437,5 +431,6 @@ class _Output:
                 tensor("acceptance_rate", [s.acceptance_rate], np.float32),
                 tensor("num_output_tokens", [len(self.ids)], np.int32),
                 tensor("draft_budget", [s.draft_budget], np.int32),
+                tensor(REQUEST_KEY_TENSOR, [self.key], np.int64),
             ]
         )

@@ -35,6 +35,11 @@ def error_response(message: str, invalid_arg: bool = True) -> Any:
     return _error(message, pb_utils.TritonError.INVALID_ARG if invalid_arg else pb_utils.TritonError.INTERNAL)
 
 
+def cancelled_response(message: str) -> Any:
+    """CANCELLED: the client cancelled the request (a cancelled client reads no more responses)."""
+    return _error(message, pb_utils.TritonError.CANCELLED)
+
+
 def unavailable_response(message: str) -> Any:
     """UNAVAILABLE: try again later (HTTP 503)."""
     return _error(message, pb_utils.TritonError.UNAVAILABLE)
