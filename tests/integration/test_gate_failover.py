@@ -1,7 +1,12 @@
-"""Issue 4: when spec_engine fails or goes away mid-run, no client request is lost. And the
-model-repository API that unloads it answers only with the admin key.
+"""Issues 4 and 16: engine faults under load. When spec_engine is killed or unloaded mid-run, no
+client request is lost (each finishes on the baseline), the gate counts the failures, and once it is
+back speculative traffic resumes. When target_engine is killed, its clients get a clear error within
+seconds, never a hang, until it is restarted. And the model-repository API that unloads and loads
+models answers only with the admin key.
 
-Kept in its own module (runs after test_gate.py) because it unloads and reloads spec_engine.
+Kept in its own module (runs after test_gate.py) because it restarts engines: `unload`, then
+`load` (on Triton 2.51 a `load` of a loaded model whose files did not change sometimes does nothing,
+also when its stub process is dead).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from loadtest.metrics import delta, scrape
-from specgate.client import GenerateParams, collect
+from specgate.client import GenerateParams, GrpcClient, HttpClient, collect
 from specgate.launcher import admin_headers
 from tests.conftest import stub_pids
 
@@ -38,6 +43,20 @@ def _repo(http, action: str, model: str = "spec_engine") -> None:
 
 def _ready(http, model: str = "spec_engine") -> bool:
     return requests.get(f"{http.base}/v2/models/{model}/ready", timeout=30).status_code == 200
+
+
+def _restart(http, model: str) -> None:
+    """What brings back an engine whose process died (see the module doc)."""
+    _repo(http, "unload", model)
+    _repo(http, "load", model)
+    assert stub_pids(model), f"{model} has no stub process after unload + load"
+
+
+def _kill(model: str) -> None:
+    pids = stub_pids(model)
+    assert pids, f"{model} stub process not found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_control_apis_refuse_callers_without_the_admin_key(http, grpc, server):
@@ -84,24 +103,74 @@ def _run_concurrently(http, grpc, during) -> list[tuple[str, str, str]]:
 def test_spec_engine_killed_or_unloaded_loses_no_request(http, grpc, server):
     expected = {p: http.generate(p, PARAMS, spec_mode="off").text for p in PROMPTS}
     before = scrape(server.metrics)
+    served: list[tuple[str, str, str]] = []
     try:
         # 1. kill the engine's process mid-stream: requests continue on the baseline
-        def kill() -> None:
-            pids = stub_pids("spec_engine")
-            assert pids, "spec_engine stub process not found"
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-
-        for p, text, reason in _run_concurrently(http, grpc, kill):
-            assert text == expected[p], f"{reason}: output differs for {p!r}"
+        served += _run_concurrently(http, grpc, lambda: _kill("spec_engine"))
         # 2. unload it mid-run: same guarantee
-        _repo(http, "load")  # a fresh instance after the kill
-        for p, text, reason in _run_concurrently(http, grpc, lambda: _repo(http, "unload")):
-            assert text == expected[p], f"{reason}: output differs for {p!r}"
+        _restart(http, "spec_engine")  # a fresh instance after the kill
+        served += _run_concurrently(http, grpc, lambda: _repo(http, "unload"))
         # while it is gone, speculative requests are served by the baseline
         r = http.generate(PROMPTS[0], PARAMS, api_key=KEY)
         assert r.text == expected[PROMPTS[0]] and r.meta["route"] == "baseline"
-        after = scrape(server.metrics)
-        assert delta(before, after, "spec_gate_engine_failures_total", engine="speculative") >= 1
+        served.append((PROMPTS[0], r.text, r.meta["gate_reason"]))
     finally:
         _repo(http, "load")
+    for p, text, reason in served:
+        assert text == expected[p], f"{reason}: output differs for {p!r}"
+    failures = delta(before, scrape(server.metrics), "spec_gate_engine_failures_total", engine="speculative")
+    fell_back = sum(reason == "spec_engine_failure" for _, _, reason in served)
+    assert failures >= 1 and fell_back >= 1
+    # 3. speculative traffic resumes: the tenant's breaker, opened by the failures, probes again
+    resumed = None
+    deadline = time.monotonic() + 120
+    while resumed is None and time.monotonic() < deadline:
+        r = http.generate(PROMPTS[0], PARAMS, api_key=KEY)
+        assert r.text == expected[PROMPTS[0]]
+        resumed = r.meta["gate_reason"] if r.meta["route"] == "speculative" else None
+        time.sleep(1)
+    print(f"\nfaults injected: spec_engine killed, spec_engine unloaded (2); {len(served)} requests, all served "
+          f"({fell_back} finished on the baseline after a failure), {failures:.0f} failures counted; speculative again: {resumed}")
+    assert resumed is not None, "no speculative request within 120 s of the reload"
+
+
+def test_target_engine_killed_gives_clear_errors_then_restarts(http, grpc, server):
+    """Without its baseline engine the gate cannot serve: every client must hear so within seconds,
+    the requests in flight included (whose engine will never answer them), until it is restarted."""
+    deadline_s = 60  # a client that waits longer than this counts as hung
+    params = GenerateParams(max_tokens=200)
+    clients = [HttpClient(http.base, timeout_s=deadline_s), GrpcClient(grpc.url, timeout_s=deadline_s)]
+
+    def one(i: int) -> tuple[str, float]:
+        c = clients[i % 2]
+        start = time.monotonic()
+        try:
+            if i % 4 < 2:
+                c.generate(PROMPTS[i % len(PROMPTS)], params, spec_mode="off")
+            else:
+                collect(c.stream(PROMPTS[i % len(PROMPTS)], params, spec_mode="off"))
+            return "served", time.monotonic() - start
+        except Exception as exc:  # an error from the server, or the client's own timeout
+            return f"{type(exc).__name__}: {exc}", time.monotonic() - start
+
+    try:
+        with ThreadPoolExecutor(4) as ex:
+            futures = [ex.submit(one, i) for i in range(4)]
+            time.sleep(3.0)
+            _kill("target_engine")
+            outcomes = [f.result(timeout=2 * deadline_s) for f in futures]
+        after = one(0)
+        print(f"\nfault injected: target_engine killed; in flight: {[(o[:70], round(t, 1)) for o, t in outcomes]}; "
+              f"next request: {after[0][:80]!r} in {after[1]:.1f} s")
+        for outcome, seconds in outcomes + [after]:
+            assert outcome == "served" or ("target_engine" in outcome and "no response" not in outcome), outcome
+            assert seconds < deadline_s, f"a client waited {seconds:.0f} s"
+        assert any(o != "served" for o, _ in outcomes), "every request finished before the kill: nothing was tested"
+        assert after[0] != "served" and after[1] < 10
+        _restart(http, "target_engine")
+        recovered = http.generate(PROMPTS[0], GenerateParams(max_tokens=8), spec_mode="off")
+        print(f"after unload + load: {recovered.text!r}")
+        assert recovered.meta["num_output_tokens"] > 0
+    finally:
+        if not stub_pids("target_engine"):
+            _restart(http, "target_engine")  # the session's later tests need it

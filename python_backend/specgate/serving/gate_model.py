@@ -14,9 +14,10 @@ requests are running, the gate asks spec_engine (CPU engines only) to hand them 
 continues on the batched baseline the same way, with reason `load`. Otherwise a speculative request
 that started alone keeps the one-at-a-time engine busy beside the batch, and both slow down.
 
-Cancellation (CPU engines only; docs/robustness.md): each response carries the request's key,
-which postprocessing sends back when the client has cancelled; the gate then stops the request and
-tells its engines to stop it too.
+Cancellation and dead engines (CPU engines only; docs/robustness.md): each response carries the
+request's key, which postprocessing sends back when the client has cancelled; the gate then stops
+the request and tells its engines to stop it too. An engine request that stays silent is checked
+with a ping, so a dead engine process fails the request instead of hanging it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from specgate.contract import (
     ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER,
-    PARAM_NUM_SPEC_TOKENS, PARAM_REQUEST_KEY, REQUEST_KEY_TENSOR, engine_inputs,
+    PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY, REQUEST_KEY_TENSOR, engine_inputs,
 )
 from specgate.gate import Decision, Gate, PolicyError
 from specgate.gate.admission import Overloaded, Ticket
@@ -277,16 +278,17 @@ class GateModel:
         stats = SpecStats()
         if remaining <= 0:
             return stats
-        # CPU engines understand cancel messages (tensorrtllm does not)
+        # CPU engines understand cancel and ping messages (tensorrtllm does not; it runs in no stub)
         key = secrets.token_hex(8) if self.extensions else None
         req = self._engine_request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key)
         speculative = engine == "spec_engine"
         stall_s = self.gate.policy.speculative.stall_timeout_s if speculative else None
+        probe = (lambda: self._control(engine, {PARAM_PING: True})) if self.extensions else None
         handed_over = False
         if speculative:
             self._count_speculating(+1)
         try:
-            for batch in responses(req, engine, stall_s, cancel):
+            for batch in responses(req, engine, stall_s, cancel, probe):
                 tokens: list[int] = []
                 for resp in batch:
                     if resp.has_error():
