@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from build.bench_drafters import greedy_decode
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama, load_llama
 from specgate.engine.request import Event, GenerationRequest
+from specgate.engine.plain import greedy_decode
 from specgate.engine.torch_target import TorchTarget
 from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.runner import SpeculativeRunner
@@ -37,7 +37,7 @@ def prompts(checkpoint: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(model: Llama, prompts: list[list[int]]) -> list[list[int]]:
-    return [greedy_decode(model, p, NEW, MAX_CONTEXT) for p in prompts]
+    return [greedy_decode(TorchTarget(model, MAX_CONTEXT, 1), p, NEW) for p in prompts]
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_hand_over_stops_earlier_requests_and_the_baseline_continues_losslessly(
     assert 3 <= len(a.tokens) < NEW and a.tokens == reference[0][: len(a.tokens)]
     assert b.final.handed_over and b.tokens == []  # queued before the hand-over: never started
     # what the gate does next: the baseline continues from prompt + emitted tokens
-    rest = greedy_decode(model, prompts[0] + a.tokens, NEW - len(a.tokens), MAX_CONTEXT)
+    rest = greedy_decode(TorchTarget(model, MAX_CONTEXT, 1), prompts[0] + a.tokens, NEW - len(a.tokens))
     assert a.tokens + rest == reference[0]
     # a request submitted after the hand-over runs to the end
     c = Collect()
