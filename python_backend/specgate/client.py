@@ -20,7 +20,9 @@ from typing import Any, Iterator
 import numpy as np
 import requests
 
-META = ("route", "gate_reason", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_output_tokens", "draft_budget")
+from specgate.contract import LLM_INPUTS, LLM_OUTPUTS
+
+META = tuple(t.name for t in LLM_OUTPUTS if t.name != "text_output")  # per-request metadata of every response
 
 
 class ServerError(RuntimeError):
@@ -132,30 +134,18 @@ class GrpcClient:
         self.url, self.model, self.timeout_s = url, model, timeout_s
 
     def _inputs(self, prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
-        specs: list[tuple[str, Any, str]] = [
-            ("text_input", np.array([prompt if isinstance(prompt, bytes) else prompt.encode()], dtype=np.object_), "BYTES"),
-            ("max_tokens", np.array([p.max_tokens], np.int32), "INT32"),
-            ("temperature", np.array([p.temperature], np.float32), "FP32"),
-            ("top_p", np.array([p.top_p], np.float32), "FP32"),
-            ("top_k", np.array([p.top_k], np.int32), "INT32"),
-            ("stream", np.array([stream], np.bool_), "BOOL"),
-            ("apply_chat_template", np.array([p.apply_chat_template], np.bool_), "BOOL"),
-        ]
-        if p.seed is not None:
-            specs.append(("seed", np.array([p.seed], np.int64), "INT64"))
-        if p.stop:
-            specs.append(("stop", np.array([s.encode() for s in p.stop], dtype=np.object_), "BYTES"))
-        if p.use_speculative_decoding is not None:
-            specs.append(("use_speculative_decoding", np.array([p.use_speculative_decoding], np.bool_), "BOOL"))
-        if p.speculative_algorithm is not None:
-            specs.append(("speculative_algorithm", np.array([p.speculative_algorithm.encode()], dtype=np.object_), "BYTES"))
-        if p.num_speculative_tokens is not None:
-            specs.append(("num_speculative_tokens", np.array([p.num_speculative_tokens], np.int32), "INT32"))
+        """One InferInput per `llm` input the request sets, typed as specgate.contract declares it."""
+        values = {**p.fields(), "text_input": prompt if isinstance(prompt, bytes) else prompt.encode(), "stream": stream}
         inputs = []
-        for name, arr, dt in specs:
-            t = self.g.InferInput(name, list(arr.shape), dt)
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
+        for t in LLM_INPUTS:
+            value = values.get(t.name)
+            if value is None or value == []:
+                continue
+            items = value if t.dims == (-1,) else [value]
+            arr = np.array([v.encode() if isinstance(v, str) else v for v in items], dtype=t.np_dtype)
+            inp = self.g.InferInput(t.name, list(arr.shape), t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES"))
+            inp.set_data_from_numpy(arr)
+            inputs.append(inp)
         return inputs
 
     def stream(

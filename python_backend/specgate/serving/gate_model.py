@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS, PARAM_ALGORITHM, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
     engine_inputs,
 )
 from specgate.gate import Decision, Gate, PolicyError
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_OUTPUT_NAMES = [t.name for t in ENGINE_OUTPUTS]
 EXTENSION_OUTPUT_NAMES = [t.name for t in ENGINE_EXTENSIONS]
-_LLM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "use_speculative_decoding", "num_speculative_tokens")
+GATE_KNOBS = tuple(t for t in LLM_INPUTS if t.step == "spec_gate")  # what spec_gate reads of a request
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
 
 
@@ -146,9 +146,8 @@ class GateModel:
         self.mirrors.shutdown(wait=False, cancel_futures=True)
 
     def _parse(self, request: Any) -> LLMRequest:
-        fields = {name: optional_scalar(request, name) for name in _LLM_FIELDS}
-        alg = optional_scalar(request, "speculative_algorithm")
-        fields["speculative_algorithm"] = alg.decode(errors="replace") if isinstance(alg, bytes) else alg
+        fields = {t.name: optional_scalar(request, t.name) for t in GATE_KNOBS}
+        fields = {k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in fields.items()}
         params = request_parameters(request)
         fields["api_key"] = params.get(HEADER_API_KEY)
         header = params.get(HEADER_SPEC_MODE)
