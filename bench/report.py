@@ -51,7 +51,6 @@ from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
-from specgate.contract import EAGLE_HEAD_ALGORITHMS  # noqa: E402
 from specgate.gate.tenants import hash_key  # noqa: E402
 from specgate.launcher import Ports, running, server_env  # noqa: E402
 
@@ -108,26 +107,16 @@ def render(dtype: str) -> dict[str, Any]:
     return json.loads((WORK / "engines" / "cpu" / "spec_engine.json").read_text())
 
 
-def policies(engine: dict[str, Any]) -> tuple[dict, dict, str | None]:
-    """(gated, speculative) policies and a note when the default policy had to be adapted.
-
-    The default names EAGLE; without a trained head the engine cannot serve it, every request would
-    fail over to baseline (spec_engine_failure) and open the breaker, so the report uses the
-    engine's own default algorithm instead and says so.
-    """
+def policies() -> tuple[dict, dict]:
+    """(gated, speculative) policies: the shipped one (its `auto` algorithm picks among what the
+    engine has), and the same with the load rule and breaker off."""
     gated = yaml.safe_load((ROOT / "policy" / "default.yaml").read_text())
-    note = None
-    if engine.get("eagle_head_dir") is None and gated["speculative"]["algorithm"] in EAGLE_HEAD_ALGORITHMS:
-        note = (f"policy/default.yaml names `{gated['speculative']['algorithm']}`, but no EAGLE head is built here; "
-                f"the report's policy uses the engine's default `{engine['default_algorithm']}` (otherwise every speculative "
-                f"request fails over to baseline with reason spec_engine_failure)")
-        gated["speculative"]["algorithm"] = engine["default_algorithm"]
     gated["key_file"] = "tenants.yaml"
     gated["tenants"] = {SPEC_TENANT: {"mode": "prod"}}
     spec = copy.deepcopy(gated)
     spec["load"]["max_in_flight"] = None
     spec["breaker"].update(min_samples=10**9, failure_threshold=10**9)
-    return gated, spec, note
+    return gated, spec
 
 
 def apply_policy(policy: dict) -> None:
@@ -353,8 +342,6 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
               f"after {g['breaker']['min_samples']} requests (cooldown {g['breaker']['cooldown_s']} s)")
     if meta["eagle_head"]:
         md.append(f"- EAGLE head: {meta['eagle_head']}")
-    if meta["note"]:
-        md.append(f"- policy: {meta['note']}")
     md += ["", "## TPOT and throughput against concurrency", "", f"![concurrency]({plot_concurrency(cells, levels)})", "",
            "| scenario | c | requests | errors | speculative | TTFT p50 ms | TPOT ms, median [min-max] | throughput tok/s |",
            "|---|---|---|---|---|---|---|---|"]
@@ -412,7 +399,7 @@ def main() -> None:
     levels = [int(x) for x in args.concurrency.split(",")]
     OUT.mkdir(parents=True, exist_ok=True)
     engine = render(args.dtype)
-    gated, spec, note = policies(engine)
+    gated, spec = policies()
     apply_policy(gated)
     http, grpc, mport = (int(p) for p in args.ports.split(","))
     load_start, t0 = os.getloadavg()[0], time.perf_counter()
@@ -437,7 +424,7 @@ def main() -> None:
         # load before our own server starts: >= 1 means other jobs held at least a core
         "load_start": load_start, "load_end": os.getloadavg()[0], "shared": load_start >= 1.0,
         "dtype": engine["dtype"], "algorithm": gated["speculative"]["algorithm"], "k": gated["speculative"]["num_speculative_tokens"],
-        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "note": note, "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
+        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
         "openmp": {k: v for k, v in server_env().items() if k.startswith(("OMP_", "GOMP_"))},
     }
     print(f"[report] wrote {write_report(cells, levels, args, meta)}")

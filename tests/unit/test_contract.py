@@ -18,7 +18,7 @@ from specgate.engine.sampling import SamplingParams
 from specgate.errors import InvalidInput
 from specgate.gate import Gate, RequestInputs
 from specgate.gate.policy import PolicyError
-from specgate.llm_request import LLMRequest, parse_llm_request
+from specgate.serving.llm_request import LLMRequest, parse_llm_request
 from tests.conftest import ROOT
 
 GATE_KNOBS = {t.name for t in LLM_INPUTS if t.step == "spec_gate"}

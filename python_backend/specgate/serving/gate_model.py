@@ -37,7 +37,7 @@ from specgate.gate.admission import Overloaded, Ticket
 from specgate.gate.labels import label_secret_from_env
 from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
-from specgate.llm_request import LLMRequest, parse_llm_request
+from specgate.serving.llm_request import LLMRequest, parse_llm_request
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor, unavailable_response
 from specgate.stats import SpecStats
 from specgate.errors import InvalidInput
