@@ -5,7 +5,8 @@ a subset of the TensorRT-LLM backend's own `tensorrt_llm` model (same names, dty
 `tensorrtllm`-backend engine plugs in unchanged. `ENGINE_EXTENSIONS` are optional extras that only the
 CPU reference engines produce; the gate treats them as optional.
 
-`LLM_INPUTS` / `LLM_OUTPUTS` are the public entry point (`llm` ensemble) from DESIGN.md.
+`LLM_INPUTS` / `LLM_OUTPUTS` are the public entry point (`llm` ensemble): README's request-API table and
+the llm, preprocessing, spec_gate and postprocessing configs are made from them.
 """
 
 from __future__ import annotations
