@@ -29,7 +29,6 @@ import copy
 import json
 import math
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -46,7 +45,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, median, spread  # noqa: E402
+from bench.common import ROOT, RESULTS, machine_lines, machine_record, median, spread  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
@@ -171,11 +170,6 @@ def run_cell(scenario: str, c: int, ports: Any, args: argparse.Namespace) -> Cel
 
 
 # -- report ---------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), platform.processor())
-    return {"cpus": os.cpu_count(), "cpu_model": cpu, "load_avg": os.getloadavg()[0]}
-
-
 def head_stamp(head_dir: str | None) -> str | None:
     """Which EAGLE head the engine loaded: heads are retrained in place, so the file time matters."""
     files = sorted(Path(head_dir).glob("*.safetensors")) if head_dir else []
@@ -327,9 +321,10 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
     md = [
         "# specgate report: load, gate and acceptance through Triton", "",
         f"- date: {meta['date']}; {meta['minutes']:.1f} min of measurement",
-        f"- machine: {meta['machine']['cpus']} CPU cores, {meta['machine']['cpu_model']}; load average {meta['load_start']:.1f} at start, "
+        *machine_lines(meta["machine"]),
+        f"- load average {meta['load_start']:.1f} at start, "
         f"{meta['load_end']:.1f} at end" + (" (**shared with other jobs**: numbers are noisier and slower than on an idle machine)" if meta["shared"] else ""),
-        f"- engines: CPU reference engine, dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
+        f"- engines: {meta['engine']['backend']} ({meta['engine']['model']}), dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
         f"{meta['k'] or 'the engine default of'} draft tokens; baseline engine batches up to 8, the speculative engine serves one sequence at a time",
         f"- requests: greedy (T=0) except mixed-temperature, up to {args.max_tokens} new tokens, HTTP generate_stream, "
         f"loadtest's built-in prompt mix (loadtest/workloads.py), max(6, {args.per_worker} x c) requests per cell, closed loop",
@@ -393,7 +388,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--per-worker", type=int, default=3, help="requests per client thread in a cell (at least 6 per cell)")
     ap.add_argument("--mixed-concurrency", type=int, default=2, help="concurrency of the single mixed-temperature cell")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="the EAGLE head (and a torch engine)")
     ap.add_argument("--ports", default="38010,38011,38012", help="HTTP,gRPC,metrics for the report's own server")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -420,7 +415,7 @@ def main() -> None:
                 active = want
             cells.append(run_cell(sc, c, ports, args))
     meta = {
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine(),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine_record(), "engine": engine,
         # load before our own server starts: >= 1 means other jobs held at least a core
         "load_start": load_start, "load_end": os.getloadavg()[0], "shared": load_start >= 1.0,
         "dtype": engine["dtype"], "algorithm": gated["speculative"]["algorithm"], "k": gated["speculative"]["num_speculative_tokens"],
