@@ -80,13 +80,39 @@ class GenerateParams:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
-def _headers(api_key: str | None, spec_mode: str | None) -> dict[str, str]:
+def gate_headers(api_key: str | None, spec_mode: str | None) -> dict[str, str]:
+    """The gate's headers (gRPC) or body fields (HTTP generate) for a tenant key and a mode."""
     h = {}
     if api_key is not None:
         h["x-api-key"] = api_key
     if spec_mode is not None:
         h["x-speculative-decoding"] = spec_mode
     return h
+
+
+def grpc_inputs(prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
+    """The `llm` request as tritonclient gRPC inputs, one per input it sets, typed as specgate.contract
+    declares it (the same class serves the sync and asyncio clients)."""
+    import tritonclient.grpc as grpcclient
+
+    values = {**p.fields(), "text_input": prompt if isinstance(prompt, bytes) else prompt.encode(), "stream": stream}
+    inputs = []
+    for t in LLM_INPUTS:
+        value = values.get(t.name)
+        if value is None or value == []:
+            continue
+        items = value if t.dims == (-1,) else [value]
+        arr = np.array([v.encode() if isinstance(v, str) else v for v in items], dtype=t.np_dtype)
+        inp = grpcclient.InferInput(t.name, list(arr.shape), t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES"))
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    return inputs
+
+
+def result_chunk(result: Any, t: float) -> Chunk:
+    """One tritonclient gRPC result of `llm` (with outputs) as a Chunk: its text delta and the gate's `META`."""
+    out = result.as_numpy("text_output")
+    return Chunk(b"".join(out.reshape(-1)).decode(), {k: _scalar(result.as_numpy(k)) for k in META}, t)
 
 
 class HttpClient:
@@ -96,7 +122,7 @@ class HttpClient:
         self.session = requests.Session()
 
     def _body(self, prompt: str, p: GenerateParams, stream: bool, api_key: str | None, spec_mode: str | None) -> dict:
-        return {"text_input": prompt, "stream": stream, **p.fields(), **_headers(api_key, spec_mode)}
+        return {"text_input": prompt, "stream": stream, **p.fields(), **gate_headers(api_key, spec_mode)}
 
     def _post(self, endpoint: str, body: dict, stream: bool = False) -> requests.Response:
         try:
@@ -128,25 +154,7 @@ class HttpClient:
 
 class GrpcClient:
     def __init__(self, url: str = "localhost:8001", model: str = "llm", timeout_s: float = 600) -> None:
-        import tritonclient.grpc as grpcclient
-
-        self.g = grpcclient
         self.url, self.model, self.timeout_s = url, model, timeout_s
-
-    def _inputs(self, prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
-        """One InferInput per `llm` input the request sets, typed as specgate.contract declares it."""
-        values = {**p.fields(), "text_input": prompt if isinstance(prompt, bytes) else prompt.encode(), "stream": stream}
-        inputs = []
-        for t in LLM_INPUTS:
-            value = values.get(t.name)
-            if value is None or value == []:
-                continue
-            items = value if t.dims == (-1,) else [value]
-            arr = np.array([v.encode() if isinstance(v, str) else v for v in items], dtype=t.np_dtype)
-            inp = self.g.InferInput(t.name, list(arr.shape), t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES"))
-            inp.set_data_from_numpy(arr)
-            inputs.append(inp)
-        return inputs
 
     def stream(
         self,
@@ -158,16 +166,11 @@ class GrpcClient:
         raw_inputs: list[Any] | None = None,
     ) -> Iterator[Chunk]:
         """gRPC bidirectional streaming (the only way to call a decoupled model over gRPC)."""
-        inputs = raw_inputs if raw_inputs is not None else self._inputs(prompt, p, stream)
+        inputs = raw_inputs if raw_inputs is not None else grpc_inputs(prompt, p, stream)
         t0 = time.perf_counter()
-        for result in _grpc_responses(self.url, self.model, inputs, self.timeout_s, headers=_headers(api_key, spec_mode)):
+        for result in _grpc_responses(self.url, self.model, inputs, self.timeout_s, headers=gate_headers(api_key, spec_mode)):
             if result.get_response().outputs:
-                out = result.as_numpy("text_output")
-                yield Chunk(
-                    b"".join(out.reshape(-1)).decode(),
-                    {k: _scalar(result.as_numpy(k)) for k in META},
-                    time.perf_counter() - t0,
-                )
+                yield result_chunk(result, time.perf_counter() - t0)
 
     def generate(self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True) -> Result:
         return Result(list(self.stream(prompt, p, api_key, spec_mode, stream=stream)))
