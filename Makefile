@@ -13,7 +13,7 @@ SCENARIO ?= all
 USERS ?= 4
 DURATION ?= 60s
 
-.PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching bench-report loadtest train-eagle gpu-smoke clean
+.PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching bench-front bench-report loadtest train-eagle gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
@@ -31,7 +31,7 @@ else
 	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT))
 endif
 
-serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics)
+serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=)
 	$(VPY) -m specgate.launcher
 
 test: build-engines  ## unit + integration tests (starts its own tritonserver on ports 18000-18002)
@@ -52,10 +52,13 @@ bench-gate: build-engines  ## gate decision latency and end-to-end overhead
 bench-batching: build-engines  ## batched vs unbatched baseline vs speculative at concurrency 1-8
 	$(VPY) -m bench.batching
 
+bench-front: build-engines  ## TPOT through the OpenAI-compatible front vs llm over gRPC, paired
+	$(VPY) -m bench.front
+
 bench-report: build-engines  ## concurrency sweep through a real server + one Markdown/PNG report of all results
 	$(VPY) -m bench.report
 
-bench: bench-baseline bench-engine bench-gate bench-batching bench-report  ## everything, then results/report/
+bench: bench-baseline bench-engine bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
 
 loadtest: setup  ## Locust against a running server (make serve): SCENARIO=all|baseline|speculative|gated|mixed-temperature USERS= DURATION=
 	$(VPY) -m loadtest.run --scenario $(SCENARIO) --users $(USERS) --duration $(DURATION)

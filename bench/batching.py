@@ -1,6 +1,6 @@
 """`make bench-batching`: in-flight batching vs no batching vs speculation, at concurrency 1, 2, 4, 8.
 
-Configurations, all driven in-process (no Triton), same weights, dtype and prompts, greedy:
+Configurations, all driven in-process (no Triton), same model, engine and prompts, greedy:
 - batched:     BatchRunner, max_batch_size=8 (the baseline engine as served)
 - unbatched:   BatchRunner, max_batch_size=1 (requests queue, one at a time)
 - spec-<alg>:  SpeculativeRunner (one sequence at a time, FIFO) for each measured algorithm
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
 import threading
 import time
@@ -28,14 +27,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-import torch
-
-from bench.common import ROOT, median, spread, write_results
+from bench.common import ROOT, machine_lines, machine_record, median, spread, write_results
 from bench.prompts import load_prompts
+from specgate.algorithms import ALGORITHMS
 from specgate.engine.config import EngineConfig
-from specgate.engine.model import load_llama
+from specgate.engine.loading import load_target
 from specgate.engine.request import Event, GenerationRequest
 from specgate.engine.runner import BatchRunner
+from specgate.speculative.registry import build_drafters
 from specgate.speculative.runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -128,60 +127,57 @@ def crossover(summary: dict, spec: str) -> int | None:
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: as the server runs each engine, specgate.launcher; 0 = torch default)")
-    ap.add_argument("--algorithms", default=None, help="comma-separated speculative algorithms (default: the engine's default algorithm, and ngram)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+@dataclass
+class Setup:
+    """The configurations of one run: name -> how to submit a request, and what to shut down."""
 
-    tok = PromptTokenizer(CKPT, MAX_CONTEXT - args.tokens)
-    prompts = [tok.encode_prompt(p.text) for p in load_prompts("chat", max(CONCURRENCY))]
-    model = load_llama(CKPT, getattr(torch, args.dtype), MAX_CONTEXT)
+    configs: dict[str, Submit]
+    runners: list
+    drafters: list[str]
+
+
+def build(args: argparse.Namespace) -> Setup:
+    """The baseline engine batched and unbatched, and the speculative engine as build_engines
+    configures it (every drafter whose weights exist, calibrated on this machine)."""
+    gguf = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = gguf if args.backend == "llamacpp" else CKPT
     # Waiting is part of what is measured (TTFT): no request may time out in a queue.
-    base = {"checkpoint_dir": CKPT, "dtype": args.dtype, "max_context": MAX_CONTEXT, "queue_timeout_s": 1e6}
-    has_head = (HEAD / "eagle_head.safetensors").exists()
-    # The spec engine as build_engines configures it: every drafter whose weights exist.
-    spec_cfg = EngineConfig(
-        **base,
-        max_batch_size=1,
-        draft_model_dir=DRAFT if (DRAFT / "model.safetensors").exists() else None,
-        eagle_head_dir=HEAD if has_head else None,
-        default_algorithm="hybrid" if has_head else "ngram",
-    )
-    spec = SpeculativeRunner(model, spec_cfg)
-    algorithms = args.algorithms.split(",") if args.algorithms else list(dict.fromkeys([spec_cfg.default_algorithm, "ngram"]))
-    loaded = sorted(spec.generator.drafters)
-    batched = BatchRunner(model, EngineConfig(**base, max_batch_size=8))
-    unbatched = BatchRunner(model, EngineConfig(**base, max_batch_size=1))
+    base = EngineConfig(backend=args.backend, model=model, max_context=MAX_CONTEXT, num_threads=args.threads, queue_timeout_s=1e6)
+    draft = gguf.with_name(f"{gguf.stem}.draft-4L.gguf") if args.backend == "llamacpp" else DRAFT
+    spec_cfg = base.model_copy(update={
+        "max_batch_size": 1, "draft_model": draft if draft.exists() else None,
+        "eagle_head_dir": HEAD if (HEAD / "eagle_head.safetensors").exists() else None,
+    })
+    target = load_target(spec_cfg, model, num_slots=1, tree_nodes=max(a.max_k for a in ALGORITHMS.values()))
+    spec = SpeculativeRunner(target, build_drafters(target, spec_cfg), spec_cfg)
+    batched = BatchRunner(load_target(base, model, num_slots=8), base.model_copy(update={"max_batch_size": 8}))
+    unbatched = BatchRunner(load_target(base, model, num_slots=1), base.model_copy(update={"max_batch_size": 1}))
     configs: dict[str, Submit] = {"batched": batched.submit, "unbatched": unbatched.submit}
-    for alg in algorithms:
+    for alg in args.algorithms.split(","):
         configs[f"spec-{alg}"] = lambda r, emit, alg=alg: spec.submit(r, emit, algorithm=alg)
+    return Setup(configs, [batched, unbatched, spec], sorted(spec.generator.drafters))
 
-    started = datetime.now(timezone.utc)
-    print(f"[bench-batching] {started:%Y-%m-%d %H:%M} UTC, {args.dtype}, threads={torch.get_num_threads()}, "
-          f"drafters loaded: {loaded}, measuring: {list(configs)}", flush=True)
-    for submit in configs.values():  # warm-up: first-call allocations and kernel selection
-        run_cell(submit, prompts[:2], 8, tok.eos_id)
 
-    cells: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in CONCURRENCY} for name in configs}
-    names = list(configs)
+def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eos: int) -> dict[str, dict[int, list[dict]]]:
+    """Every cell once per repeat, in an order rotated per repeat."""
+    for submit in setup.configs.values():  # warm-up: first-call allocations and kernel selection
+        run_cell(submit, prompts[:2], 8, eos)
+    cells: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in CONCURRENCY} for name in setup.configs}
+    names = list(setup.configs)
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[: rep % len(names)]
         for c in CONCURRENCY:
             for name in order:
-                cell = run_cell(configs[name], prompts[:c], args.tokens, tok.eos_id)
+                cell = run_cell(setup.configs[name], prompts[:c], args.tokens, eos)
                 cells[name][c].append(cell)
                 print(f"  rep {rep + 1} c={c} {name:14s} {cell['tok_s']:6.1f} tok/s  {cell['tokens']} tokens in {cell['wall_s']:.1f}s", flush=True)
-    for runner in (batched, unbatched, spec):
-        runner.shutdown()
+    return cells
 
+
+def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Setup, cells: dict) -> tuple[str, dict]:
+    configs = setup.configs
     summary = {name: {c: summarize(cells[name][c]) for c in CONCURRENCY} for name in configs}
-    # bf16 argmax can flip between batch shapes, so report how often outputs equal the unbatched ones.
+    # llama.cpp's numbers can differ with the batch shape, so report how often outputs equal the unbatched ones.
     match = {
         name: {
             c: statistics.mean(
@@ -193,16 +189,16 @@ def main() -> None:
         }
         for name in configs
     }
-    specs = [n for n in configs if n.startswith("spec-")]
-    cross = {n: crossover(summary, n) for n in specs}
+    cross = {n: crossover(summary, n) for n in configs if n.startswith("spec-")}
     b = summary["batched"]
     scaling = b[8]["tok_s"]["median"] / b[1]["tok_s"]["median"]
     tpot_ratio = b[8]["tpot_p50_ms"]["median"] / b[1]["tpot_p50_ms"]["median"]
-
     lines = [
-        f"bench-batching: {started:%Y-%m-%d %H:%M} UTC, {platform.node()}, {torch.get_num_threads()} torch threads, "
-        f"{args.dtype}, greedy, up to {args.tokens} new tokens, {args.repeats} repeats, median [min-max]. "
-        f"Drafters loaded: {', '.join(loaded)}.",
+        f"# bench-batching ({args.backend}, greedy, up to {args.tokens} new tokens, {args.repeats} repeats, median [min-max])",
+        "",
+        f"- command: `python -m bench.batching --backend {args.backend} --tokens {args.tokens} --repeats {args.repeats} --algorithms {args.algorithms}` ({started:%Y-%m-%d %H:%M} UTC)",
+        *machine_lines(machine),
+        f"- drafters loaded: {', '.join(setup.drafters)}; the speculative engine calibrated on this machine",
         "",
         "| c | configuration | throughput tok/s | TPOT p50 ms | TPOT p95 ms | TTFT p50 s | outputs = unbatched |",
         "|---|---|---|---|---|---|---|",
@@ -226,20 +222,34 @@ def main() -> None:
             if c
             else f"- Crossover vs {n}: none up to c={CONCURRENCY[-1]}"
         )
-    md = "\n".join(lines) + "\n"
-    print("\n" + md)
     raw = {
-        "started_utc": started.isoformat(),
-        "args": vars(args),
-        "threads": torch.get_num_threads(),
-        "drafters_loaded": loaded,
-        "summary": summary,
-        "match_unbatched": match,
-        "crossover": cross,
-        "batched_scaling_c8_over_c1": scaling,
-        "batched_tpot_p50_c8_over_c1": tpot_ratio,
+        "started_utc": started.isoformat(), "args": vars(args), "machine": machine, "drafters_loaded": setup.drafters,
+        "summary": summary, "match_unbatched": match, "crossover": cross,
+        "batched_scaling_c8_over_c1": scaling, "batched_tpot_p50_c8_over_c1": tpot_ratio,
         "cells": {n: {c: [{k: v for k, v in cell.items() if k != "outputs"} for cell in cs] for c, cs in by_c.items()} for n, by_c in cells.items()},
     }
+    return "\n".join(lines) + "\n", raw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--backend", choices=["llamacpp", "torch"], default="llamacpp")
+    ap.add_argument("--threads", type=int, default=0, help="compute threads (0: one per core for llama.cpp)")
+    ap.add_argument("--algorithms", default="ngram", help="comma-separated speculative algorithms to measure")
+    args = ap.parse_args()
+    machine = machine_record()
+    tok = PromptTokenizer(CKPT, MAX_CONTEXT - args.tokens)
+    prompts = [tok.encode_prompt(p.text) for p in load_prompts("chat", max(CONCURRENCY))]
+    setup = build(args)
+    started = datetime.now(timezone.utc)
+    print(f"[bench-batching] {started:%Y-%m-%d %H:%M} UTC, {args.backend}, drafters loaded: {setup.drafters}, measuring: {list(setup.configs)}", flush=True)
+    cells = measure(setup, prompts, args, tok.eos_id)
+    for runner in setup.runners:
+        runner.shutdown()
+    md, raw = report(args, started, machine, setup, cells)
+    print("\n" + md)
     write_results("bench-batching", md, raw)
 
 

@@ -6,7 +6,10 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
 
 - peer: llama-cpp-python's own plain decoding of the same GGUF, threads and prompts (bench/peer.py);
   only with the llama.cpp engine.
-- baseline: the baseline engine (BatchRunner, one request at a time).
+- baseline: the baseline engine's target and sampling, one request at a time (engine/plain.py).
+  Every llama.cpp decode of this process runs on its main thread: a second thread's OpenMP pool
+  (the batch runner's) made every decode 2x slower (each engine process of the server decodes on
+  one thread).
 - each algorithm: the speculative engine as served, calibrated on this machine (speculative/
   calibration.py), so each step drafts the budget that pays, down to nothing.
 - gated: what the gate decides for a single request with the shipped policy and this calibration
@@ -29,7 +32,6 @@ import argparse
 import datetime
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -41,8 +43,7 @@ from specgate.engine.config import EngineConfig
 from specgate.engine.cost_curve import measure
 from specgate.goodput import CostCurve
 from specgate.engine.loading import load_target
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.runner import BatchRunner
+from specgate.engine.plain import plain_decode
 from specgate.engine.sampling import SamplingParams
 from specgate.engine.target import Target
 from specgate.gate import Gate, RequestInputs
@@ -69,20 +70,9 @@ class Run:
     steps: int = 0  # verification steps (drafted or not)
 
 
-def run_baseline(runner: BatchRunner, ids: list[int], n: int, params: SamplingParams, eos: int) -> Run:
+def run_baseline(target: Target, ids: list[int], n: int, params: SamplingParams, eos: int) -> Run:
     times: list[float] = []
-    tokens: list[int] = []
-    done = threading.Event()
-
-    def emit(ev: Event) -> None:
-        if ev.tokens:
-            tokens.extend(ev.tokens)
-            times.append(time.perf_counter())
-        if ev.finished:
-            done.set()
-
-    runner.submit(GenerationRequest(input_ids=ids, max_new_tokens=n, end_id=eos, sampling=params), emit)
-    done.wait()
+    tokens = plain_decode(target, ids, n, params, eos, on_token=lambda _: times.append(time.perf_counter()))
     return Run(tokens, _tpot_ms(times, len(tokens)))
 
 
@@ -95,10 +85,10 @@ def run_spec(gen: SpeculativeGenerator, algorithm: str, ids: list[int], n: int, 
         times.append(time.perf_counter())
         tokens += block
         steps += 1
-    return Run(tokens, _tpot_ms(times, len(tokens), first_block=len(times) and len(tokens[: len(tokens)]) > 0), stream.stats, steps)
+    return Run(tokens, _tpot_ms(times, len(tokens)), stream.stats, steps)
 
 
-def _tpot_ms(times: list[float], n: int, first_block: bool = True) -> float:
+def _tpot_ms(times: list[float], n: int) -> float:
     """Time per token after the first: (last emission - first emission) / (tokens - 1)."""
     return 1000 * (times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else float("nan")
 
@@ -197,7 +187,7 @@ def main() -> None:
     ids = [tok.encode_prompt(p.text) for p in prompts]
     target = load_target(cfg, model, num_slots=1, tree_nodes=max(ALGORITHMS[a].max_k for a in algorithms))
     drafters = {k: v for k, v in build_drafters(target, cfg).items() if k in algorithms}
-    runner = BatchRunner(load_target(cfg, model, num_slots=1), cfg)
+    baseline = load_target(cfg, model, num_slots=1)
     cal = calibrate(target, drafters)
     gen = SpeculativeGenerator(target, drafters, cal.curve)
     for name in cal.algorithms:
@@ -219,7 +209,7 @@ def main() -> None:
             name = d.algorithm if d.route == "speculative" else "baseline"
             decisions.append(name)
         if name == "baseline":
-            return run_baseline(runner, ids[i], args.tokens, params, eos)
+            return run_baseline(baseline, ids[i], args.tokens, params, eos)
         return run_spec(gen, name, ids[i], args.tokens, params)
 
     decisions: list[str] = []

@@ -12,7 +12,7 @@ import argparse
 import time
 
 
-from bench.common import ROOT, median, running_server, spread, write_results
+from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, write_results
 from bench.gate_decision import measure
 from bench.prompts_fixed import DECODE_PROMPTS
 from specgate.client import GenerateParams, GrpcClient, stream_engine
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--algorithm", default="ngram")
     ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args()
+    machine = machine_record()
     from transformers import AutoTokenizer
 
     dec = measure(100_000, ROOT / "policy" / "default.yaml")
@@ -89,9 +90,10 @@ def main() -> None:
         "",
         f"- gate / direct TPOT, per pair: median {median(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}] (target <= 1.05)",
         f"- command: `make bench-gate` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        *machine_lines(machine),
     ]
     print("\n".join(md))
-    write_results("bench-gate", "\n".join(md) + "\n", {"args": vars(args), "decision": dec, "tpot_ms": res})
+    write_results("bench-gate", "\n".join(md) + "\n", {"args": vars(args), "machine": machine, "decision": dec, "tpot_ms": res})
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import copy
 import json
 import math
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -46,12 +45,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, median, spread  # noqa: E402
+from bench.common import ROOT, RESULTS, machine_lines, machine_record, median, spread  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate.client import HttpClient  # noqa: E402
-from specgate.contract import EAGLE_HEAD_ALGORITHMS  # noqa: E402
 from specgate.gate.tenants import hash_key  # noqa: E402
 from specgate.launcher import Ports, running, server_env  # noqa: E402
 
@@ -108,26 +106,16 @@ def render(dtype: str) -> dict[str, Any]:
     return json.loads((WORK / "engines" / "cpu" / "spec_engine.json").read_text())
 
 
-def policies(engine: dict[str, Any]) -> tuple[dict, dict, str | None]:
-    """(gated, speculative) policies and a note when the default policy had to be adapted.
-
-    The default names EAGLE; without a trained head the engine cannot serve it, every request would
-    fail over to baseline (spec_engine_failure) and open the breaker, so the report uses the
-    engine's own default algorithm instead and says so.
-    """
+def policies() -> tuple[dict, dict]:
+    """(gated, speculative) policies: the shipped one (its `auto` algorithm picks among what the
+    engine has), and the same with the load rule and breaker off."""
     gated = yaml.safe_load((ROOT / "policy" / "default.yaml").read_text())
-    note = None
-    if engine.get("eagle_head_dir") is None and gated["speculative"]["algorithm"] in EAGLE_HEAD_ALGORITHMS:
-        note = (f"policy/default.yaml names `{gated['speculative']['algorithm']}`, but no EAGLE head is built here; "
-                f"the report's policy uses the engine's default `{engine['default_algorithm']}` (otherwise every speculative "
-                f"request fails over to baseline with reason spec_engine_failure)")
-        gated["speculative"]["algorithm"] = engine["default_algorithm"]
     gated["key_file"] = "tenants.yaml"
     gated["tenants"] = {SPEC_TENANT: {"mode": "prod"}}
     spec = copy.deepcopy(gated)
     spec["load"]["max_in_flight"] = None
     spec["breaker"].update(min_samples=10**9, failure_threshold=10**9)
-    return gated, spec, note
+    return gated, spec
 
 
 def apply_policy(policy: dict) -> None:
@@ -182,11 +170,6 @@ def run_cell(scenario: str, c: int, ports: Any, args: argparse.Namespace) -> Cel
 
 
 # -- report ---------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), platform.processor())
-    return {"cpus": os.cpu_count(), "cpu_model": cpu, "load_avg": os.getloadavg()[0]}
-
-
 def head_stamp(head_dir: str | None) -> str | None:
     """Which EAGLE head the engine loaded: heads are retrained in place, so the file time matters."""
     files = sorted(Path(head_dir).glob("*.safetensors")) if head_dir else []
@@ -338,9 +321,10 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
     md = [
         "# specgate report: load, gate and acceptance through Triton", "",
         f"- date: {meta['date']}; {meta['minutes']:.1f} min of measurement",
-        f"- machine: {meta['machine']['cpus']} CPU cores, {meta['machine']['cpu_model']}; load average {meta['load_start']:.1f} at start, "
+        *machine_lines(meta["machine"]),
+        f"- load average {meta['load_start']:.1f} at start, "
         f"{meta['load_end']:.1f} at end" + (" (**shared with other jobs**: numbers are noisier and slower than on an idle machine)" if meta["shared"] else ""),
-        f"- engines: CPU reference engine, dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
+        f"- engines: {meta['engine']['backend']} ({meta['engine']['model']}), dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
         f"{meta['k'] or 'the engine default of'} draft tokens; baseline engine batches up to 8, the speculative engine serves one sequence at a time",
         f"- requests: greedy (T=0) except mixed-temperature, up to {args.max_tokens} new tokens, HTTP generate_stream, "
         f"loadtest's built-in prompt mix (loadtest/workloads.py), max(6, {args.per_worker} x c) requests per cell, closed loop",
@@ -353,8 +337,6 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
               f"after {g['breaker']['min_samples']} requests (cooldown {g['breaker']['cooldown_s']} s)")
     if meta["eagle_head"]:
         md.append(f"- EAGLE head: {meta['eagle_head']}")
-    if meta["note"]:
-        md.append(f"- policy: {meta['note']}")
     md += ["", "## TPOT and throughput against concurrency", "", f"![concurrency]({plot_concurrency(cells, levels)})", "",
            "| scenario | c | requests | errors | speculative | TTFT p50 ms | TPOT ms, median [min-max] | throughput tok/s |",
            "|---|---|---|---|---|---|---|---|"]
@@ -406,13 +388,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--per-worker", type=int, default=3, help="requests per client thread in a cell (at least 6 per cell)")
     ap.add_argument("--mixed-concurrency", type=int, default=2, help="concurrency of the single mixed-temperature cell")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="the EAGLE head (and a torch engine)")
     ap.add_argument("--ports", default="38010,38011,38012", help="HTTP,gRPC,metrics for the report's own server")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
     OUT.mkdir(parents=True, exist_ok=True)
     engine = render(args.dtype)
-    gated, spec, note = policies(engine)
+    gated, spec = policies()
     apply_policy(gated)
     http, grpc, mport = (int(p) for p in args.ports.split(","))
     load_start, t0 = os.getloadavg()[0], time.perf_counter()
@@ -433,11 +415,11 @@ def main() -> None:
                 active = want
             cells.append(run_cell(sc, c, ports, args))
     meta = {
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine(),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine_record(), "engine": engine,
         # load before our own server starts: >= 1 means other jobs held at least a core
         "load_start": load_start, "load_end": os.getloadavg()[0], "shared": load_start >= 1.0,
         "dtype": engine["dtype"], "algorithm": gated["speculative"]["algorithm"], "k": gated["speculative"]["num_speculative_tokens"],
-        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "note": note, "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
+        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
         "openmp": {k: v for k, v in server_env().items() if k.startswith(("OMP_", "GOMP_"))},
     }
     print(f"[report] wrote {write_report(cells, levels, args, meta)}")

@@ -1,10 +1,10 @@
-"""Measure each drafter on the CPU engine: acceptance, tokens per target step, tokens/s vs plain greedy.
+"""Measure each drafter at a fixed k: acceptance, tokens per target step, tokens/s vs plain greedy.
 
 Greedy decoding of --prompts prompts of tests/data/speculative_prompts.json (spread over the
-file) in --dtype, single sequence, one thread by default. Used to choose the drafter defaults:
-draft-model depth (--draft-layers: first N target layers, built in memory), the EAGLE-2 tree
-(--eagle2 depth:top_k:total_tokens) and the hybrid's split (--hybrid tree_nodes:chain_tokens).
-Prints one row per configuration. Not a test.
+file) on the chosen engine, single sequence, every step drafting k (no cost curve: the point is
+the drafter's own quality and cost). Used to choose the drafter defaults: draft-model depth
+(--draft-layers: the target's first N layers), the EAGLE-2 tree (--eagle2 depth:top_k:total_tokens)
+and the hybrid's split (--hybrid tree_nodes:chain_tokens). Prints one row per configuration. Not a test.
 
     python -m build.bench_drafters --prompts 20 --max-new 64
 """
@@ -12,51 +12,41 @@ Prints one row per configuration. Not a test.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from build.make_draft_model import DEFAULT_LAYERS
-from specgate.contract import EAGLE_HEAD_ALGORITHMS
-from specgate.engine.model import KVCache, Llama, load_llama
+from build.make_draft_model import DEFAULT_LAYERS, make_draft, make_draft_gguf
+from specgate.algorithms import ALGORITHMS, EAGLE_HEAD_ALGORITHMS
+from specgate.engine.config import EngineConfig
+from specgate.engine.loading import load_target
+from specgate.engine.plain import greedy_decode
+from specgate.engine.target import Target
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
+from specgate.speculative.eagle_head import load_eagle_head
 from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 from specgate.text.tokenizer import PromptTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "tests" / "data" / "speculative_prompts.json"
+CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
+GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_LEN = 512
 
 
-@torch.inference_mode()
-def greedy_decode(model: Llama, prompt: list[int], n: int, max_len: int) -> list[int]:
-    """Plain greedy decoding, one token per forward; stops at EOS (not emitted) or after n tokens."""
-    cache, slot = KVCache(model.cfg, 1, max_len, model.embed.weight.dtype), torch.zeros(1, dtype=torch.long)
-    hidden = model(torch.tensor([prompt]), cache, slot, torch.tensor([0]))
-    out: list[int] = []
-    while len(out) < n:
-        tok = int(model.logits(hidden[0, -1]).argmax())
-        if tok == model.cfg.eos_token_id:
-            break
-        out.append(tok)
-        hidden = model(torch.tensor([[tok]]), cache, slot, torch.tensor([len(prompt) + len(out) - 1]))
-    return out
-
-
-def first_layers(model_dir: Path, n: int, dtype: torch.dtype) -> Llama:
-    """The target's first n layers + final norm + head: what build/make_draft_model.py writes."""
-    model = load_llama(model_dir, dtype, MAX_LEN)
-    model.layers = model.layers[:n]
-    model.cfg = dataclasses.replace(model.cfg, num_hidden_layers=n)
-    return model
+def first_layers(cfg: EngineConfig, n: int, scratch: Path) -> Target:
+    """The target's first n layers + final norm + head, on cfg's engine (what build/make_draft_model.py writes)."""
+    if cfg.backend == "llamacpp":
+        make_draft_gguf(GGUF, scratch / f"draft-{n}.gguf", n)
+        return load_target(cfg, scratch / f"draft-{n}.gguf", num_slots=1)
+    make_draft(CKPT, scratch / f"draft-{n}", n)
+    return load_target(cfg, scratch / f"draft-{n}", num_slots=1)
 
 
 def run(gen: SpeculativeGenerator, prompts: list[list[int]], algorithm: str, k: int, max_new: int) -> dict:
@@ -66,7 +56,7 @@ def run(gen: SpeculativeGenerator, prompts: list[list[int]], algorithm: str, k: 
     seconds = base_seconds = 0.0
     for prompt in prompts:
         t0 = time.perf_counter()
-        ref = greedy_decode(gen.target, prompt, max_new, MAX_LEN)
+        ref = greedy_decode(gen.target, prompt, max_new)
         t1 = time.perf_counter()
         stream = gen.generate(prompt, max_new, algorithm=algorithm, k=k)
         out = [t for block in stream for t in block]
@@ -87,10 +77,10 @@ def run(gen: SpeculativeGenerator, prompts: list[list[int]], algorithm: str, k: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", type=Path, default=ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct")
+    ap.add_argument("--backend", choices=["llamacpp", "torch"], default="llamacpp")
     ap.add_argument("--eagle-head", type=Path, default=ROOT / "heads" / "smollm2-135m-eagle")
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="torch engine and the EAGLE head")
+    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--algorithms", default="ngram,draft_model,eagle,eagle2,hybrid")
@@ -99,46 +89,42 @@ def main() -> None:
     ap.add_argument("--eagle2", default="5:4:8", help="comma list of depth:top_k:total_tokens to try")
     ap.add_argument("--hybrid", default="8:5", help="comma list of tree_nodes:chain_tokens to try (default tree shape)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-
+    cfg = EngineConfig(backend=args.backend, model=GGUF if args.backend == "llamacpp" else CKPT, dtype=args.dtype, num_threads=args.threads, max_context=MAX_LEN)
     texts = json.loads(PROMPTS.read_text())
     step = len(texts) / args.prompts
-    tok = PromptTokenizer(args.checkpoint, MAX_LEN)
+    tok = PromptTokenizer(CKPT, MAX_LEN)
     prompts = [tok.encode_prompt(texts[int(i * step)]) for i in range(args.prompts)]
-    target = load_llama(args.checkpoint, dtype, MAX_LEN)
-    greedy_decode(target, prompts[0], 4, MAX_LEN)  # warm-up
-    print(f"{args.prompts} prompts x {args.max_new} new tokens, {args.dtype}, {args.threads} thread(s)")
+    target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=max(a.max_k for a in ALGORITHMS.values()))
+    greedy_decode(target, prompts[0], 4)  # warm-up
+    print(f"{args.prompts} prompts x {args.max_new} new tokens, {target.info.backend} {target.info.dtype}, {target.info.threads} thread(s)")
     print(f"{'algorithm':<26}{'k':>4}{'accept':>9}{'tok/step':>10}{'greedy tok/s':>14}{'tok/s':>8}{'speedup':>9}{'identical':>11}")
 
+    V = target.info.vocab_size
     configs: list[tuple[str, Drafter, list[int]]] = []
     algos = args.algorithms.split(",")
     ks = [int(k) for k in args.k.split(",")] if args.k else []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-drafters-"))
     if "ngram" in algos:
-        configs.append(("ngram", NgramDrafter(), ks or [NgramDrafter.default_k]))
+        configs.append(("ngram", NgramDrafter(), ks or [ALGORITHMS["ngram"].default_k]))
     if "draft_model" in algos:
         for n in map(int, args.draft_layers.split(",")):
-            drafter = DraftModelDrafter(first_layers(args.checkpoint, n, dtype), target, MAX_LEN)
-            configs.append((f"draft_model ({n} layers)", drafter, ks or [DraftModelDrafter.default_k]))
+            configs.append((f"draft_model ({n} layers)", DraftModelDrafter(first_layers(cfg, n, scratch), V), ks or [ALGORITHMS["draft_model"].default_k]))
     if set(EAGLE_HEAD_ALGORITHMS) & set(algos):
         if not (args.eagle_head / "config.json").exists():
             print(f"(no EAGLE head at {args.eagle_head}: {'/'.join(EAGLE_HEAD_ALGORITHMS)} skipped; `make train-eagle` writes it)")
         else:
-            from specgate.speculative.eagle_head import load_eagle_head
-
-            head = load_eagle_head(args.eagle_head, target, dtype)
+            head = load_eagle_head(args.eagle_head, *target.embeddings(), cfg.torch_dtype)
             if "eagle" in algos:
-                configs.append(("eagle", EagleDrafter(head, target, MAX_LEN), ks or [EagleDrafter.default_k]))
+                configs.append(("eagle", EagleDrafter(head, V, MAX_LEN), ks or [ALGORITHMS["eagle"].default_k]))
             for spec in args.eagle2.split(",") if "eagle2" in algos else []:
                 depth, top_k, total = map(int, spec.split(":"))
-                drafter = Eagle2Drafter(head, target, MAX_LEN, depth=depth, top_k=top_k)
-                configs.append((f"eagle2 (d={depth}, top_k={top_k})", drafter, [total]))
+                configs.append((f"eagle2 (d={depth}, top_k={top_k})", Eagle2Drafter(head, V, MAX_LEN, depth=depth, top_k=top_k), [total]))
             for spec in args.hybrid.split(",") if "hybrid" in algos else []:
                 nodes, chain = map(int, spec.split(":"))
-                drafter = HybridDrafter(Eagle2Drafter(head, target, MAX_LEN), NgramDrafter(), chain_k=chain)
+                drafter = HybridDrafter(Eagle2Drafter(head, V, MAX_LEN), NgramDrafter(), chain_k=chain)
                 configs.append((f"hybrid (chain {chain})", drafter, [nodes + chain]))
     for label, drafter, k_list in configs:
-        gen = SpeculativeGenerator(target, {drafter.name: drafter}, MAX_LEN)
+        gen = SpeculativeGenerator(target, {drafter.name: drafter})
         for k in k_list:
             r = run(gen, prompts, drafter.name, k, args.max_new)
             print(

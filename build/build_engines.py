@@ -73,8 +73,6 @@ def build_cpu(args: argparse.Namespace) -> None:
         "max_batch_size": 1,
         "draft_model": str(draft) if draft else None,
         "eagle_head_dir": str(head) if head else None,
-        # for requests that name no algorithm: the fastest measured (docs/speculative.md)
-        "default_algorithm": "hybrid" if head else "ngram",
         "calibration_path": str(calibration),
         "calibration_override": json.loads(args.calibration_override) if args.calibration_override else None,
     })

@@ -1,7 +1,7 @@
 """The target's final features for the EAGLE training stream, cached in resumable shards.
 
 A head step on cached features costs about a fifth of one that also runs the 30-layer target, so the
-head can take several passes over the same tokens in the same CPU time (DESIGN's probes gained most
+head can take several passes over the same tokens in the same CPU time (the early probes gained most
 from that). Each shard holds whole samples: bf16 features [N, D], token ids, the target's greedy
 next token per position, and (offset, length, start) per sample; about 1.15 KB per token.
 `python -m build.train_eagle --features-only` fills the cache without training.

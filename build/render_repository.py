@@ -13,17 +13,26 @@ from pathlib import Path
 from string import Template
 from typing import Iterable
 
-from specgate.contract import ENGINE_EXTENSIONS, ENGINE_INPUTS, ENGINE_OUTPUTS, Tensor
+from specgate.contract import (
+    ENGINE_EXTENSIONS,
+    ENGINE_INPUTS,
+    ENGINE_OUTPUTS,
+    LLM_INPUTS,
+    LLM_OUTPUTS,
+    PREPROCESSED,
+    TO_POSTPROCESSING,
+    Tensor,
+)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "model_repository"
 MODELS = ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine", "postprocessing")
 
 
-def tensor_block(tensors: Iterable[Tensor]) -> str:
-    """Config entries for the engine contract, generated from specgate.contract (one source of truth)."""
+def tensor_block(tensors: Iterable[Tensor], inputs: bool = True) -> str:
+    """Config entries for tensors of specgate.contract (one source of truth); `optional` on inputs only."""
     lines = []
     for t in tensors:
-        opt = " optional: true" if t.optional else ""
+        opt = " optional: true" if t.optional and inputs else ""
         dims = ", ".join(str(d) for d in t.dims)
         lines.append(f'  {{ name: "{t.name}" data_type: {t.dtype} dims: [ {dims} ]{opt} }}')
     return ",\n".join(lines)
@@ -32,6 +41,39 @@ def tensor_block(tensors: Iterable[Tensor]) -> str:
 def engine_tensor_values(with_extensions: bool) -> dict[str, str]:
     outputs = ENGINE_OUTPUTS + (ENGINE_EXTENSIONS if with_extensions else ())
     return {"engine_inputs": tensor_block(ENGINE_INPUTS), "engine_outputs": tensor_block(outputs)}
+
+
+def llm_tensor_values() -> dict[str, str]:
+    """The `llm` ensemble and the configs of the models it chains, from the contract's API tensors:
+    a knob added to specgate.contract reaches every config it passes through."""
+    pre_in = [t for t in LLM_INPUTS if t.step == "preprocessing"]
+    gate_in = [t for t in LLM_INPUTS if t.step == "spec_gate"]
+    gate_out = [t for t in LLM_OUTPUTS if t.step == "spec_gate"]
+    post_out = [t for t in LLM_OUTPUTS if t.step == "postprocessing"]
+
+    def step(model: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]]) -> str:
+        maps = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs]
+        maps += [f'      output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs]
+        return "    {\n" + f'      model_name: "{model}"\n      model_version: -1\n' + "\n".join(maps) + "\n    }"
+
+    internal = lambda ts: [(t.name, f"_{t.name}") for t in ts]  # noqa: E731
+    own = lambda ts: [(t.name, t.name) for t in ts]  # noqa: E731
+    steps = [
+        step("preprocessing", own(pre_in), internal(PREPROCESSED)),
+        step("spec_gate", internal(PREPROCESSED) + own(gate_in), internal(TO_POSTPROCESSING) + own(gate_out)),
+        step("postprocessing", internal(TO_POSTPROCESSING), own(post_out)),
+    ]
+    return {
+        "llm_inputs": tensor_block(LLM_INPUTS),
+        "llm_outputs": tensor_block(LLM_OUTPUTS, inputs=False),
+        "llm_steps": ",\n".join(steps),
+        "preprocessing_inputs": tensor_block(pre_in),
+        "preprocessing_outputs": tensor_block(PREPROCESSED, inputs=False),
+        "gate_inputs": tensor_block([*PREPROCESSED, *gate_in]),
+        "gate_outputs": tensor_block([*TO_POSTPROCESSING, *gate_out], inputs=False),
+        "postprocessing_inputs": tensor_block(TO_POSTPROCESSING),
+        "postprocessing_outputs": tensor_block(post_out, inputs=False),
+    }
 
 
 def render(
@@ -54,7 +96,7 @@ def render(
         if not tmpl.exists():
             tmpl = src / "config.pbtxt"
         try:
-            text = Template(tmpl.read_text()).substitute({**values, **(per_model or {}).get(model, {})})
+            text = Template(tmpl.read_text()).substitute({**values, **llm_tensor_values(), **(per_model or {}).get(model, {})})
         except KeyError as exc:
             raise SystemExit(f"[render] {tmpl}: no value for template variable {exc}") from None
         dst = out_dir / model

@@ -162,7 +162,7 @@ def training_samples(a: argparse.Namespace, convs: list[dict], tok) -> Iterator[
             yield from eagle_data.sharegpt_samples(convs, [i], tok, a.max_len)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=65.0, help="training time budget, over all resumes")
     ap.add_argument("--threads", type=int, default=1)
@@ -186,19 +186,11 @@ def main() -> None:
     ap.add_argument("--features", type=Path, default=eagle_features.FEATURES)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--state", type=Path, default=CKPT, help="resumable training state")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
+    return ap.parse_args()
 
-    convs = eagle_data.load_sharegpt()
-    tok = eagle_data.load_tokenizer(a.checkpoint)
-    target = load_llama(a.checkpoint, torch.bfloat16, a.max_len).requires_grad_(False)
-    eagle_features.extract(target, training_samples(a, convs, tok), a.feature_tokens, a.features)
-    if a.features_only:
-        return
-    fs = eagle_features.load(a.features)
-    print(f"[train-eagle] {len(fs.spans):,} cached samples, {fs.tokens:,} tokens", flush=True)
 
+def start_or_resume(a: argparse.Namespace, target, convs: list, tok, fs) -> tuple[EagleHead, dict]:  # noqa: ANN001
+    """A fresh head and state, or the ones saved in --state (a resumed run may extend the budget or add a phase)."""
     state = torch.load(a.state, weights_only=False) if a.state.exists() else None
     if state is None:
         d2t = eagle_data.draft_vocab(convs, eagle_data.split_indices(convs, heldout=False), tok, a.draft_vocab)
@@ -208,17 +200,43 @@ def main() -> None:
         head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target.embed.weight, target.lm_head.weight, state["head"]["d2t"]).float()
         head.load_state_dict(state["head"], strict=False)
         print(f"[train-eagle] resuming at step {state['step']}, {state['elapsed'] / 60:.1f} min done", flush=True)
-        state["args"] = vars(a)  # a resumed run may extend the budget or add a phase
+        state["args"] = vars(a)
     state["samples"], state["cached_tokens"] = len(fs.spans), fs.tokens
+    return head, state
+
+
+class LossCurve:
+    """Averages of the step metrics over `every` steps, appended to the state's log."""
+
+    KEYS = ("loss", "reg", "ce", "acc")
+
+    def __init__(self, state: dict, every: int) -> None:
+        self.state, self.every = state, every
+        self.sums, self.n = dict.fromkeys(self.KEYS, 0.0), 0
+
+    def add(self, loss: float, m: dict) -> None:
+        for k in self.KEYS:
+            self.sums[k] += loss if k == "loss" else m[k]
+        self.n += 1
+        st = self.state
+        if st["step"] % self.every == 0:
+            row = {"step": st["step"], "epoch": st["epoch"], "tokens": st["tokens"], "minutes": round(st["elapsed"] / 60, 1)}
+            row.update({k: round(v / self.n, 4) for k, v in self.sums.items()})
+            st["log"].append(row)
+            tqdm.write(json.dumps(row))
+            self.sums, self.n = dict.fromkeys(self.KEYS, 0.0), 0
+
+
+def train(a: argparse.Namespace, head: EagleHead, state: dict, fs, vocab_size: int) -> None:  # noqa: ANN001
+    """Steps until the time budget is spent, checkpointing every --ckpt-every minutes."""
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
     if "opt" in state:
         opt.load_state_dict(state["opt"])
-    t2d = torch.full((target.cfg.vocab_size,), -100, dtype=torch.long)
+    t2d = torch.full((vocab_size,), -100, dtype=torch.long)
     t2d[head.d2t] = torch.arange(head.d2t.numel())
-
     budget = a.minutes * 60
-    acc_log: dict[str, float] = {"loss": 0.0, "reg": 0.0, "ce": 0.0, "acc": 0.0, "n": 0}
+    curve = LossCurve(state, a.log_every)
     last_ckpt = time.time()
     bar = tqdm(total=round(budget), initial=round(min(state["elapsed"], budget)), desc="train-eagle", unit="s")
 
@@ -248,21 +266,28 @@ def main() -> None:
         state["elapsed"] += dt
         bar.update(round(state["elapsed"]) - bar.n)
         bar.set_postfix(step=state["step"], epoch=state["epoch"], loss=f"{loss.item():.3f}", acc=f"{m['acc']:.3f}", tok_s=f"{m['tokens'] / dt:.0f}")
-        for k in ("reg", "ce", "acc"):
-            acc_log[k] += m[k]
-        acc_log["loss"] += loss.item()
-        acc_log["n"] += 1
-        if state["step"] % a.log_every == 0:
-            row = {"step": state["step"], "epoch": state["epoch"], "tokens": state["tokens"], "minutes": round(state["elapsed"] / 60, 1)}
-            row.update({k: round(acc_log[k] / acc_log["n"], 4) for k in ("loss", "reg", "ce", "acc")})
-            state["log"].append(row)
-            tqdm.write(json.dumps(row))
-            acc_log = {"loss": 0.0, "reg": 0.0, "ce": 0.0, "acc": 0.0, "n": 0}
+        curve.add(loss.item(), m)
         if time.time() - last_ckpt > a.ckpt_every * 60:
             checkpoint()
             last_ckpt = time.time()
     bar.close()
     checkpoint()
+
+
+def main() -> None:
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    convs = eagle_data.load_sharegpt()
+    tok = eagle_data.load_tokenizer(a.checkpoint)
+    target = load_llama(a.checkpoint, torch.bfloat16, a.max_len).requires_grad_(False)
+    eagle_features.extract(target, training_samples(a, convs, tok), a.feature_tokens, a.features)
+    if a.features_only:
+        return
+    fs = eagle_features.load(a.features)
+    print(f"[train-eagle] {len(fs.spans):,} cached samples, {fs.tokens:,} tokens", flush=True)
+    head, state = start_or_resume(a, target, convs, tok, fs)
+    train(a, head, state, fs, target.cfg.vocab_size)
     save_eagle_head(head.to(torch.bfloat16), a.out)
     print(f"[train-eagle] {state['step']} steps, {state['tokens']} tokens, {state['elapsed'] / 60:.1f} min -> {a.out}", flush=True)
 

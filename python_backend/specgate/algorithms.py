@@ -7,7 +7,8 @@ by the engine alike.
 
 `prior_acceptance` is the per-position acceptance a request starts from before its own drafts are
 verified (specgate/goodput.py): a property of the model and drafter, not of the machine. The values
-come from `make bench-engine` accepted-per-step figures (docs/speculative.md, "Priors").
+come from measured acceptance (docs/speculative.md, "Priors"); the engine replaces them with what it
+observes as it serves.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class Algorithm:
     max_depth: int | None  # trees: the deepest position a draft reaches; None: a chain (depth = k)
     draft_cost_per_node: bool  # drafting time grows with each node (one drafter call per token)
     prior_acceptance: float
+    # Priors by the drafter's context class (Drafter.context), where it has classes: index c-1.
+    prior_by_context: tuple[float, ...] = ()
+
+    def prior(self, context: int) -> float:
+        return self.prior_by_context[context - 1] if 0 < context <= len(self.prior_by_context) else self.prior_acceptance
 
 
 EAGLE2_DEPTH = 5
@@ -39,7 +45,9 @@ ALGORITHMS: dict[str, Algorithm] = {
         # the n-gram chain (5) merged into an eagle2 tree (k - 5 nodes)
         Algorithm("hybrid", default_k=13, max_k=69, needs_eagle_head=True, max_depth=EAGLE2_DEPTH, draft_cost_per_node=False, prior_acceptance=0.62),
         Algorithm("draft_model", default_k=3, max_k=16, needs_eagle_head=False, max_depth=None, draft_cost_per_node=True, prior_acceptance=0.07),
-        Algorithm("ngram", default_k=5, max_k=16, needs_eagle_head=False, max_depth=None, draft_cost_per_node=False, prior_acceptance=0.50),
+        # context = the length of the matched suffix (1-4): a one-token match is right far less often
+        Algorithm("ngram", default_k=5, max_k=16, needs_eagle_head=False, max_depth=None, draft_cost_per_node=False, prior_acceptance=0.50,
+                  prior_by_context=(0.25, 0.5, 0.55, 0.8)),
     )
 }
 SPEC_ALGORITHMS: tuple[str, ...] = get_args(SpecAlgorithm)

@@ -20,7 +20,9 @@ from typing import Any, Iterator
 import numpy as np
 import requests
 
-META = ("route", "gate_reason", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "num_output_tokens", "draft_budget")
+from specgate.contract import LLM_INPUTS, LLM_OUTPUTS
+
+META = tuple(t.name for t in LLM_OUTPUTS if t.name != "text_output")  # per-request metadata of every response
 
 
 class ServerError(RuntimeError):
@@ -78,13 +80,39 @@ class GenerateParams:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
-def _headers(api_key: str | None, spec_mode: str | None) -> dict[str, str]:
+def gate_headers(api_key: str | None, spec_mode: str | None) -> dict[str, str]:
+    """The gate's headers (gRPC) or body fields (HTTP generate) for a tenant key and a mode."""
     h = {}
     if api_key is not None:
         h["x-api-key"] = api_key
     if spec_mode is not None:
         h["x-speculative-decoding"] = spec_mode
     return h
+
+
+def grpc_inputs(prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
+    """The `llm` request as tritonclient gRPC inputs, one per input it sets, typed as specgate.contract
+    declares it (the same class serves the sync and asyncio clients)."""
+    import tritonclient.grpc as grpcclient
+
+    values = {**p.fields(), "text_input": prompt if isinstance(prompt, bytes) else prompt.encode(), "stream": stream}
+    inputs = []
+    for t in LLM_INPUTS:
+        value = values.get(t.name)
+        if value is None or value == []:
+            continue
+        items = value if t.dims == (-1,) else [value]
+        arr = np.array([v.encode() if isinstance(v, str) else v for v in items], dtype=t.np_dtype)
+        inp = grpcclient.InferInput(t.name, list(arr.shape), t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES"))
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    return inputs
+
+
+def result_chunk(result: Any, t: float) -> Chunk:
+    """One tritonclient gRPC result of `llm` (with outputs) as a Chunk: its text delta and the gate's `META`."""
+    out = result.as_numpy("text_output")
+    return Chunk(b"".join(out.reshape(-1)).decode(), {k: _scalar(result.as_numpy(k)) for k in META}, t)
 
 
 class HttpClient:
@@ -94,7 +122,7 @@ class HttpClient:
         self.session = requests.Session()
 
     def _body(self, prompt: str, p: GenerateParams, stream: bool, api_key: str | None, spec_mode: str | None) -> dict:
-        return {"text_input": prompt, "stream": stream, **p.fields(), **_headers(api_key, spec_mode)}
+        return {"text_input": prompt, "stream": stream, **p.fields(), **gate_headers(api_key, spec_mode)}
 
     def _post(self, endpoint: str, body: dict, stream: bool = False) -> requests.Response:
         try:
@@ -126,37 +154,7 @@ class HttpClient:
 
 class GrpcClient:
     def __init__(self, url: str = "localhost:8001", model: str = "llm", timeout_s: float = 600) -> None:
-        import tritonclient.grpc as grpcclient
-
-        self.g = grpcclient
         self.url, self.model, self.timeout_s = url, model, timeout_s
-
-    def _inputs(self, prompt: str | bytes, p: GenerateParams, stream: bool) -> list[Any]:
-        specs: list[tuple[str, Any, str]] = [
-            ("text_input", np.array([prompt if isinstance(prompt, bytes) else prompt.encode()], dtype=np.object_), "BYTES"),
-            ("max_tokens", np.array([p.max_tokens], np.int32), "INT32"),
-            ("temperature", np.array([p.temperature], np.float32), "FP32"),
-            ("top_p", np.array([p.top_p], np.float32), "FP32"),
-            ("top_k", np.array([p.top_k], np.int32), "INT32"),
-            ("stream", np.array([stream], np.bool_), "BOOL"),
-            ("apply_chat_template", np.array([p.apply_chat_template], np.bool_), "BOOL"),
-        ]
-        if p.seed is not None:
-            specs.append(("seed", np.array([p.seed], np.int64), "INT64"))
-        if p.stop:
-            specs.append(("stop", np.array([s.encode() for s in p.stop], dtype=np.object_), "BYTES"))
-        if p.use_speculative_decoding is not None:
-            specs.append(("use_speculative_decoding", np.array([p.use_speculative_decoding], np.bool_), "BOOL"))
-        if p.speculative_algorithm is not None:
-            specs.append(("speculative_algorithm", np.array([p.speculative_algorithm.encode()], dtype=np.object_), "BYTES"))
-        if p.num_speculative_tokens is not None:
-            specs.append(("num_speculative_tokens", np.array([p.num_speculative_tokens], np.int32), "INT32"))
-        inputs = []
-        for name, arr, dt in specs:
-            t = self.g.InferInput(name, list(arr.shape), dt)
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
-        return inputs
 
     def stream(
         self,
@@ -168,16 +166,11 @@ class GrpcClient:
         raw_inputs: list[Any] | None = None,
     ) -> Iterator[Chunk]:
         """gRPC bidirectional streaming (the only way to call a decoupled model over gRPC)."""
-        inputs = raw_inputs if raw_inputs is not None else self._inputs(prompt, p, stream)
+        inputs = raw_inputs if raw_inputs is not None else grpc_inputs(prompt, p, stream)
         t0 = time.perf_counter()
-        for result in _grpc_responses(self.url, self.model, inputs, self.timeout_s, headers=_headers(api_key, spec_mode)):
+        for result in _grpc_responses(self.url, self.model, inputs, self.timeout_s, headers=gate_headers(api_key, spec_mode)):
             if result.get_response().outputs:
-                out = result.as_numpy("text_output")
-                yield Chunk(
-                    b"".join(out.reshape(-1)).decode(),
-                    {k: _scalar(result.as_numpy(k)) for k in META},
-                    time.perf_counter() - t0,
-                )
+                yield result_chunk(result, time.perf_counter() - t0)
 
     def generate(self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True) -> Result:
         return Result(list(self.stream(prompt, p, api_key, spec_mode, stream=stream)))

@@ -5,7 +5,8 @@ a subset of the TensorRT-LLM backend's own `tensorrt_llm` model (same names, dty
 `tensorrtllm`-backend engine plugs in unchanged. `ENGINE_EXTENSIONS` are optional extras that only the
 CPU reference engines produce; the gate treats them as optional.
 
-`LLM_INPUTS` / `LLM_OUTPUTS` are the public entry point (`llm` ensemble) from DESIGN.md.
+`LLM_INPUTS` / `LLM_OUTPUTS` are the public entry point (`llm` ensemble): README's request-API table and
+the llm, preprocessing, spec_gate and postprocessing configs are made from them.
 """
 
 from __future__ import annotations
@@ -146,31 +147,67 @@ ENGINE_KV_METRIC = "specgate_engine_kv_cache_tokens"
 ENGINE_TOKENS_METRIC = "specgate_engine_generated_tokens_total"
 ENGINE_CANCELLED_METRIC = "specgate_engine_cancelled_total"
 
-LLM_INPUTS: tuple[Tensor, ...] = (
-    Tensor("text_input", "TYPE_STRING", (1,)),
-    Tensor("max_tokens", "TYPE_INT32", (1,), optional=True),
-    Tensor("temperature", "TYPE_FP32", (1,), optional=True),
-    Tensor("top_p", "TYPE_FP32", (1,), optional=True),
-    Tensor("top_k", "TYPE_INT32", (1,), optional=True),
-    Tensor("seed", "TYPE_INT64", (1,), optional=True),
-    Tensor("stream", "TYPE_BOOL", (1,), optional=True),
-    Tensor("stop", "TYPE_STRING", (-1,), optional=True),
-    Tensor("apply_chat_template", "TYPE_BOOL", (1,), optional=True),
-    Tensor("use_speculative_decoding", "TYPE_BOOL", (1,), optional=True),
-    Tensor("speculative_algorithm", "TYPE_STRING", (1,), optional=True),
-    Tensor("num_speculative_tokens", "TYPE_INT32", (1,), optional=True),
+
+@dataclass(frozen=True)
+class ApiTensor(Tensor):
+    """An input or output of the `llm` entry point: the model that reads (or writes) it in the
+    ensemble, and what it means to a client (README's request-API table is made from these)."""
+
+    step: str = "spec_gate"  # preprocessing | spec_gate | postprocessing
+    meaning: str = ""
+
+
+LLM_INPUTS: tuple[ApiTensor, ...] = (
+    # Optional in the ensemble only so that a request without it reaches preprocessing and gets a
+    # clear INVALID_ARG ("text_input is required"); Triton 2.51 would otherwise drop such a gRPC
+    # stream request without an answer.
+    ApiTensor("text_input", "TYPE_STRING", (1,), True, "preprocessing", "the prompt (UTF-8), required"),
+    ApiTensor("max_tokens", "TYPE_INT32", (1,), True, meaning="new tokens at most; default 128, 1..max_output_len (1024)"),
+    ApiTensor("temperature", "TYPE_FP32", (1,), True, meaning="0 (or below 1e-5) = greedy; >= 0"),
+    ApiTensor("top_p", "TYPE_FP32", (1,), True, meaning="nucleus mass, (0, 1]; 1 = off"),
+    ApiTensor("top_k", "TYPE_INT32", (1,), True, meaning="0 = off"),
+    ApiTensor("seed", "TYPE_INT64", (1,), True, meaning="sampling seed; none = random"),
+    ApiTensor("stream", "TYPE_BOOL", (1,), True, meaning="a response per new text (true) or one at the end"),
+    ApiTensor("stop", "TYPE_STRING", (-1,), True, "preprocessing", "stop strings; the matched one is included in the output"),
+    ApiTensor("apply_chat_template", "TYPE_BOOL", (1,), True, "preprocessing", "default true; false sends the prompt as raw text"),
+    ApiTensor("use_speculative_decoding", "TYPE_BOOL", (1,), True, meaning="true = prod, false = off (a request override: allow_override)"),
+    ApiTensor("speculative_algorithm", "TYPE_STRING", (1,), True, meaning="eagle, eagle2, hybrid, draft_model or ngram; default: the policy's (auto)"),
+    ApiTensor("num_speculative_tokens", "TYPE_INT32", (1,), True, meaning="the most draft nodes per step, 1..the algorithm's max; default: the algorithm's"),
 )
 
-LLM_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("text_output", "TYPE_STRING", (-1,)),
-    Tensor("route", "TYPE_STRING", (1,)),
-    Tensor("gate_reason", "TYPE_STRING", (1,)),
-    Tensor("num_draft_tokens", "TYPE_INT32", (1,)),
-    Tensor("num_accepted_tokens", "TYPE_INT32", (1,)),
-    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
-    Tensor("num_output_tokens", "TYPE_INT32", (1,)),  # so clients can compute tokens/s and TPOT
-    Tensor("draft_budget", "TYPE_INT32", (1,)),  # spec_engine's per-step budget now (0: decodes plainly); -1 on baseline
+LLM_OUTPUTS: tuple[ApiTensor, ...] = (
+    ApiTensor("text_output", "TYPE_STRING", (-1,), step="postprocessing", meaning="the new text of this response"),
+    ApiTensor("route", "TYPE_STRING", (1,), meaning="speculative or baseline"),
+    ApiTensor("gate_reason", "TYPE_STRING", (1,), meaning="why (docs/gate.md, reason codes)"),
+    ApiTensor("num_draft_tokens", "TYPE_INT32", (1,), meaning="draft nodes verified so far"),
+    ApiTensor("num_accepted_tokens", "TYPE_INT32", (1,), meaning="of which accepted"),
+    ApiTensor("acceptance_rate", "TYPE_FP32", (1,), meaning="accepted / drafted"),
+    ApiTensor("num_output_tokens", "TYPE_INT32", (1,), meaning="tokens generated so far (for tokens/s and TPOT)"),
+    ApiTensor("draft_budget", "TYPE_INT32", (1,), meaning="spec_engine's per-step draft budget now; 0 = decoding plainly (drafting does not pay here); -1 on baseline"),
 )
+
+# What preprocessing hands spec_gate, and spec_gate hands postprocessing (ensemble internals).
+PREPROCESSED: tuple[Tensor, ...] = (
+    Tensor("input_ids", "TYPE_INT32", (-1,)),
+    Tensor("input_lengths", "TYPE_INT32", (1,)),
+    Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True),  # optional as spec_gate's input
+)
+TO_POSTPROCESSING: tuple[Tensor, ...] = (
+    Tensor("output_ids", "TYPE_INT32", (-1,)),  # all ids so far
+    Tensor("prev_output_length", "TYPE_INT32", (1,)),  # of which earlier responses turned into text
+    Tensor("is_final", "TYPE_BOOL", (1,)),
+    # the gate's key of the request, sent back to the gate when the request arrives cancelled
+    Tensor(REQUEST_KEY_TENSOR, "TYPE_INT64", (1,), optional=True),
+)
+
+
+def api_table() -> str:
+    """README's request-API table, from the contract (a test checks README holds exactly this)."""
+    rows = ["| | name | type | meaning |", "|---|---|---|---|"]
+    rows += [f"| input | `{t.name}` | {t.dtype.removeprefix('TYPE_')}{'[]' if t.dims == (-1,) else ''} | {t.meaning} |" for t in LLM_INPUTS]
+    rows += [f"| output | `{t.name}` | {t.dtype.removeprefix('TYPE_')} | {t.meaning} |" for t in LLM_OUTPUTS]
+    return "\n".join(rows)
+
 
 # Request parameters that Triton fills from headers (gRPC) or body fields (HTTP generate).
 HEADER_API_KEY = "x-api-key"

@@ -1,4 +1,5 @@
-"""Start a real `tritonserver` on the rendered model repository (`make serve`, test fixtures).
+"""Start a real `tritonserver` on the rendered model repository (`make serve`, test fixtures), and the
+OpenAI-compatible front (`specgate.front`) next to it.
 
 Finds `tritonserver` on PATH (the NGC image) or else the binary bundled in `nvidia-pytriton`, lays out
 a backend directory with the Python backend and the stub for the running Python, and forwards the
@@ -52,6 +53,7 @@ class Ports:
     http: int = 8000
     grpc: int = 8001
     metrics: int = 8002
+    front: int = 9000  # the OpenAI-compatible front, where one runs
 
 
 def _pytriton_dir() -> Path:
@@ -146,12 +148,11 @@ def command(repo: Path, ports: Ports, backends: Path, admin_header: str = ADMIN_
     ]
 
 
-def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> None:
-    url = f"http://127.0.0.1:{ports.http}/v2/health/ready"
+def _wait_http(proc: subprocess.Popen, url: str, what: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before becoming ready")
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before becoming ready")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -159,7 +160,11 @@ def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> 
         except OSError:
             pass
         time.sleep(1)
-    raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f}s")
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f}s")
+
+
+def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> None:
+    _wait_http(proc, f"http://127.0.0.1:{ports.http}/v2/health/ready", "tritonserver", timeout_s)
 
 
 def start(
@@ -191,6 +196,34 @@ def running(repo: Path, ports: Ports, log_file: Path) -> Iterator[subprocess.Pop
         stop(proc)
 
 
+def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
+    """The OpenAI-compatible front on `ports.front`, a client of the Triton gRPC port `ports.grpc`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
+    cmd = [sys.executable, "-m", "specgate.front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}"]
+    out = open(log_file, "w") if log_file else None
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+
+
+def wait_front_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 120) -> None:
+    _wait_http(proc, f"http://127.0.0.1:{ports.front}/v1/models", "the front", timeout_s)
+
+
+@contextmanager
+def running_front(ports: Ports, log_file: Path) -> Iterator[subprocess.Popen]:
+    """A ready front on `ports.front` for a Triton already serving on `ports.grpc` (tests, benchmarks)."""
+    proc = start_front(ports, log_file)
+    try:
+        try:
+            wait_front_ready(proc, ports)
+        except Exception:
+            print(log_file.read_text()[-5000:], flush=True)
+            raise
+        yield proc
+    finally:
+        stop(proc)
+
+
 def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
     """Stop the server and every stub in its process group, also when the server already died."""
     try:
@@ -208,40 +241,51 @@ def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Serve the rendered model repository with tritonserver.")
+    ap = argparse.ArgumentParser(description="Serve the rendered model repository with tritonserver, and the OpenAI-compatible front.")
     ap.add_argument("--model-repository", type=Path, default=ROOT / "artifacts" / "model_repository")
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    ap.add_argument("--front-port", type=int, default=int(os.environ.get("FRONT_PORT", 9000)))
     ap.add_argument("--admin-header", default=os.environ.get("ADMIN_HEADER", ADMIN_HEADER),
                     help=f"header the control APIs ({', '.join(RESTRICTED_APIS)}) require; its value is {ADMIN_SECRET.relative_to(ROOT)}")
     args = ap.parse_args()
     if not (args.model_repository / "llm" / "config.pbtxt").exists():
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.front_port)
     # SIGTERM (e.g. from a supervisor) stops the server too, like Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     proc = start(args.model_repository, ports, admin_header=args.admin_header)
+    front: subprocess.Popen | None = None
     try:
         print(f"[serve] starting tritonserver (pid {proc.pid}); loading models ...", flush=True)
         wait_ready(proc, ports)
+        front = start_front(ports)
+        wait_front_ready(front, ports)
         print(
             f"[serve] ready\n"
             f"  HTTP     http://localhost:{ports.http}/v2/models/llm/generate  (and generate_stream)\n"
             f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
             f"  metrics  http://localhost:{ports.metrics}/metrics\n"
+            f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
             f"  control  {', '.join(RESTRICTED_APIS)} APIs need the contents of {ADMIN_SECRET.relative_to(ROOT)}\n"
             f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
             f"  try:     python clients/generate.py 'Hello!' --stream\n"
-            f"Ctrl-C stops the server.",
+            f"Ctrl-C stops the server and the front.",
             flush=True,
         )
-        proc.wait()
+        while proc.poll() is None and front.poll() is None:  # either one ending ends both
+            time.sleep(1)
+        if front.poll() is not None:
+            print(f"[serve] the front exited with code {front.returncode}; stopping tritonserver", flush=True)
     except KeyboardInterrupt:
         print("\n[serve] stopping ...", flush=True)
     finally:
+        if front is not None:
+            stop(front)
         stop(proc)
-    sys.exit(proc.returncode if proc.returncode and proc.returncode > 0 else 0)
+    code = next((p.returncode for p in (proc, front) if p is not None and p.returncode and p.returncode > 0), 0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

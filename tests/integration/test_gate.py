@@ -279,12 +279,12 @@ def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
     Triton 2.51's generate endpoints send 400 for any model error and gRPC streams carry no status,
     so clients see the "overloaded:" message (docs/gate.md, 'Admission'). The 400s pin what 2.51
     does: an upgrade that maps the code to 503 fails here, and the docs need updating."""
-    long = GenerateParams(max_tokens=300)  # holds the only slot for several seconds
+    long = GenerateParams(max_tokens=600)  # greedy, this prompt loops: the slot is held for seconds
     short = GenerateParams(max_tokens=4)
     body = {"text_input": PROMPT, "max_tokens": 4}
-    with live_policy(lambda p: p.update(admission={"max_concurrent": 1, "max_queued": 1, "queue_timeout_s": 3})):
+    with live_policy(lambda p: p.update(admission={"max_concurrent": 1, "max_queued": 1, "queue_timeout_s": 2})):
         before = scrape(server.metrics)
-        holder = grpc.stream("Count from 1 to 500, separated by commas.", long, spec_mode="off")
+        holder = grpc.stream("Repeat the word 'apple' one thousand times.", long, spec_mode="off")
         next(holder)  # it is being served
         with ThreadPoolExecutor(1) as ex:
             queued = ex.submit(http.generate, PROMPT, short)
@@ -304,7 +304,7 @@ def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
     assert (unary.status_code, unary.json()["error"]) == (400, full)
     assert sse.status_code == 400 and json.loads(sse.text.removeprefix("data:"))["error"] == full
     assert str(grpc_err.value) == full
-    assert timed_out.value.status == 400 and "overloaded: no free slot within 3 s" in str(timed_out.value)
+    assert timed_out.value.status == 400 and "overloaded: no free slot within 2 s" in str(timed_out.value)
     assert rest[-1].meta["num_output_tokens"] > 4  # the request holding the slot was not disturbed
     assert delta(before, after, "spec_gate_overloaded_total", reason="queue_full") == 3
     assert delta(before, after, "spec_gate_overloaded_total", reason="queue_timeout") == 1

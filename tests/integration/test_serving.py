@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 
 from specgate.client import GenerateParams, ServerError, collect
 from tests.prompts import GREEDY_PROMPTS, UNICODE_PROMPTS
@@ -110,8 +111,7 @@ def test_invalid_utf8(grpc, http):
 def test_missing_text_input(grpc, http):
     r = requests.post(f"{http.base}/v2/models/llm/generate", json={"max_tokens": 4}, timeout=60)
     assert r.status_code == 400 and "text_input is required" in r.json()["error"]
-    g = grpc.g
-    mt = g.InferInput("max_tokens", [1], "INT32")
+    mt = grpcclient.InferInput("max_tokens", [1], "INT32")
     mt.set_data_from_numpy(np.array([4], np.int32))
     with pytest.raises(ServerError, match="text_input is required"):
         list(grpc.stream("", GREEDY, raw_inputs=[mt]))
@@ -119,10 +119,9 @@ def test_missing_text_input(grpc, http):
 
 
 def test_wrong_dtype(grpc, http):
-    g = grpc.g
-    text = g.InferInput("text_input", [1], "BYTES")
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
     text.set_data_from_numpy(np.array([b"Hello"], dtype=np.object_))
-    mt = g.InferInput("max_tokens", [1], "FP32")
+    mt = grpcclient.InferInput("max_tokens", [1], "FP32")
     mt.set_data_from_numpy(np.array([4.0], np.float32))
     with pytest.raises(ServerError, match="max_tokens"):
         list(grpc.stream("", GREEDY, raw_inputs=[text, mt]))

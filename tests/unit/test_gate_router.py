@@ -263,7 +263,7 @@ def test_load_gate_is_atomic_across_threads(gate: Gate) -> None:
 def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     # The adapter passes its LLMRequest and the engines' SpecStats straight in (duck-typed).
     from specgate.stats import SpecStats as EngineStats
-    from specgate.llm_request import LLMRequest
+    from specgate.serving.llm_request import LLMRequest
 
     d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))
     assert (d.route, d.reason, d.tenant) == ("speculative", "prod", TenantLabels(SECRET)("team-b"))

@@ -27,6 +27,7 @@ import torch
 from specgate.algorithms import ALGORITHMS
 from specgate.engine.config import EngineConfig
 from specgate.engine.loading import load_target
+from specgate.engine.plain import greedy_decode
 from specgate.engine.sampling import SamplingParams, warp
 from specgate.engine.target import Target
 from specgate.speculative import SpeculativeGenerator
@@ -53,19 +54,6 @@ def setup(gguf, checkpoint) -> tuple[Target, SpeculativeGenerator, list[list[int
     return target, gen, prompts
 
 
-def plain(target: Target, prompt: list[int], eos: int) -> list[int]:
-    logits, _ = target.prefill(0, prompt, features=False)
-    out: list[int] = []
-    while len(out) < NEW_TOKENS:
-        tok = int(logits.argmax())
-        if tok == eos:
-            break
-        out.append(tok)
-        logits = target.forward([(0, [tok])])[0]
-    target.release(0)
-    return out
-
-
 def gap(target: Target, prompt: list[int], ref: list[int], got: list[int], eos: int) -> tuple[int, float]:
     pos = next(i for i, (a, b) in enumerate(zip(ref + [eos], got + [eos])) if a != b)
     logits, _ = target.prefill(0, prompt + ref[:pos], features=False)
@@ -76,7 +64,7 @@ def gap(target: Target, prompt: list[int], ref: list[int], got: list[int], eos: 
 def test_speculative_matches_plain_decoding_up_to_near_ties(setup) -> None:  # noqa: ANN001
     target, gen, prompts = setup
     eos = target.info.eos_token_id
-    refs = [plain(target, p, eos) for p in prompts]
+    refs = [greedy_decode(target, p, NEW_TOKENS) for p in prompts]
     report: dict[str, dict] = {}
     for algorithm in ALGORITHMS:
         divergences, drafted = [], 0

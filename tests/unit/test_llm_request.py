@@ -2,7 +2,7 @@
 
 import pytest
 
-from specgate.llm_request import parse_llm_request
+from specgate.serving.llm_request import parse_llm_request
 from specgate.errors import InvalidInput
 
 

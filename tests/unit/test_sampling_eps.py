@@ -9,7 +9,7 @@ import torch
 
 from specgate.contract import SAMPLING_EPS
 from specgate.engine.sampling import SamplingParams, sample_token
-from specgate.llm_request import parse_llm_request
+from specgate.serving.llm_request import parse_llm_request
 
 TINY = [1e-40, 1e-30, SAMPLING_EPS / 2]
 LOGITS = torch.tensor([1.0, 30.0, 2.0])

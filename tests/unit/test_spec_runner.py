@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from build.bench_drafters import greedy_decode
 from specgate.engine.config import EngineConfig
 from specgate.engine.model import Llama, load_llama
 from specgate.engine.request import Event, GenerationRequest
+from specgate.engine.plain import greedy_decode
 from specgate.engine.torch_target import TorchTarget
 from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.runner import SpeculativeRunner
@@ -37,12 +37,12 @@ def prompts(checkpoint: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(model: Llama, prompts: list[list[int]]) -> list[list[int]]:
-    return [greedy_decode(model, p, NEW, MAX_CONTEXT) for p in prompts]
+    return [greedy_decode(TorchTarget(model, MAX_CONTEXT, 1), p, NEW) for p in prompts]
 
 
 @pytest.fixture
 def runner(checkpoint: Path, model: Llama):
-    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1, default_algorithm="ngram")
+    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
     r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, calibrated=False)
     yield r
     r.shutdown()
@@ -72,18 +72,18 @@ def test_hand_over_stops_earlier_requests_and_the_baseline_continues_losslessly(
     # a: asks for the hand-over itself once it has 3 tokens (deterministic: same thread); b waits behind a
     a = Collect(on_event=lambda c: len(c.tokens) >= 3 and runner.hand_over_all())
     b = Collect()
-    runner.submit(_greedy(prompts[0]), a)
-    runner.submit(_greedy(prompts[1]), b)
+    runner.submit(_greedy(prompts[0]), a, algorithm="ngram")
+    runner.submit(_greedy(prompts[1]), b, algorithm="ngram")
     assert a.done.wait(300) and b.done.wait(300)
     assert a.final.handed_over and a.final.error is None
     assert 3 <= len(a.tokens) < NEW and a.tokens == reference[0][: len(a.tokens)]
     assert b.final.handed_over and b.tokens == []  # queued before the hand-over: never started
     # what the gate does next: the baseline continues from prompt + emitted tokens
-    rest = greedy_decode(model, prompts[0] + a.tokens, NEW - len(a.tokens), MAX_CONTEXT)
+    rest = greedy_decode(TorchTarget(model, MAX_CONTEXT, 1), prompts[0] + a.tokens, NEW - len(a.tokens))
     assert a.tokens + rest == reference[0]
     # a request submitted after the hand-over runs to the end
     c = Collect()
-    runner.submit(_greedy(prompts[1]), c)
+    runner.submit(_greedy(prompts[1]), c, algorithm="ngram")
     assert c.done.wait(300)
     assert not c.final.handed_over and c.tokens == reference[1]
 
@@ -92,19 +92,22 @@ def test_a_finished_request_is_not_handed_over(runner, prompts, reference) -> No
     """A hand-over asked for during the last step must not turn a complete answer into a partial one
     (the baseline would continue past its end)."""
     a = Collect(on_event=lambda c: len(c.tokens) >= NEW and runner.hand_over_all())
-    runner.submit(_greedy(prompts[0]), a)
+    runner.submit(_greedy(prompts[0]), a, algorithm="ngram")
     assert a.done.wait(300)
     assert not a.final.handed_over and a.tokens == reference[0]
 
 
 def test_bad_prompts_are_refused_at_submit(runner, model) -> None:
-    """The same prompt checks as the baseline engine: a clear ValueError before anything runs."""
+    """The same prompt checks as the baseline engine: a clear ValueError before anything runs; and
+    a direct call must name its algorithm (the default lives in the gate's policy)."""
+    with pytest.raises(ValueError, match="speculative_algorithm"):
+        runner.submit(_greedy([1, 2]), Collect())
     with pytest.raises(ValueError, match="context"):
-        runner.submit(_greedy([1] * MAX_CONTEXT), Collect())
+        runner.submit(_greedy([1] * MAX_CONTEXT), Collect(), algorithm="ngram")
     with pytest.raises(ValueError, match="token ids"):
-        runner.submit(_greedy([1, model.cfg.vocab_size]), Collect())
+        runner.submit(_greedy([1, model.cfg.vocab_size]), Collect(), algorithm="ngram")
     with pytest.raises(ValueError, match="token ids"):
-        runner.submit(_greedy([-1, 2]), Collect())
+        runner.submit(_greedy([-1, 2]), Collect(), algorithm="ngram")
 
 
 def test_a_failing_response_stream_ends_its_request_not_the_worker(runner, prompts, reference) -> None:
@@ -114,9 +117,9 @@ def test_a_failing_response_stream_ends_its_request_not_the_worker(runner, promp
     def broken(ev: Event) -> None:
         raise ConnectionError("client went away")
 
-    runner.submit(_greedy(prompts[0]), broken)
+    runner.submit(_greedy(prompts[0]), broken, algorithm="ngram")
     after = Collect()
-    runner.submit(_greedy(prompts[1]), after)
+    runner.submit(_greedy(prompts[1]), after, algorithm="ngram")
     assert after.done.wait(120), "the worker thread died with the first request's stream"
     assert after.tokens == reference[1] and after.final.error is None
 
@@ -133,21 +136,21 @@ def test_cancel_stops_within_a_step_and_frees_the_slot(runner, prompts, referenc
             cancel.set()
 
     c = Collect(on_event)
-    runner.submit(_greedy(prompts[0]), c, cancel.is_set)
+    runner.submit(_greedy(prompts[0]), c, cancel.is_set, algorithm="ngram")
     assert c.done.wait(120)
     assert len(c.tokens) == at_cancel[0] < NEW  # nothing after the step that saw the cancel
     assert c.tokens == reference[0][: len(c.tokens)] and c.final.error is None
     assert c.final.cached_tokens == 0
     after = Collect()
-    runner.submit(_greedy(prompts[1]), after)
+    runner.submit(_greedy(prompts[1]), after, algorithm="ngram")
     assert after.done.wait(120) and after.tokens == reference[1] and after.final.cached_tokens == 0
 
 
 def test_a_request_cancelled_while_it_waits_never_starts(runner, prompts, reference) -> None:
     running, cancel = Collect(), threading.Event()
     waiting = Collect()
-    runner.submit(_greedy(prompts[0]), running)
-    runner.submit(_greedy(prompts[1]), waiting, cancel.is_set)
+    runner.submit(_greedy(prompts[0]), running, algorithm="ngram")
+    runner.submit(_greedy(prompts[1]), waiting, cancel.is_set, algorithm="ngram")
     cancel.set()
     assert waiting.done.wait(120) and running.done.wait(120)
     assert waiting.tokens == [] and waiting.final.error is None and waiting.final.stats is None  # no prefill, no step

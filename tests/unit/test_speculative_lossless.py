@@ -21,10 +21,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from build.bench_drafters import greedy_decode
 from build.make_draft_model import DEFAULT_LAYERS, make_draft
 from specgate.engine.model import KVCache, Llama, load_llama
 from specgate.engine.sampling import SamplingParams, warp
+from specgate.engine.plain import greedy_decode
 from specgate.engine.torch_target import TorchTarget
 from specgate.engine.tree import DraftTree
 from specgate.speculative import SpeculativeGenerator
@@ -82,7 +82,7 @@ def prompts(checkpoint: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(target: Llama, prompts: list[list[int]]) -> list[list[int]]:
-    return [greedy_decode(target, p, NEW_TOKENS, MAX_LEN) for p in prompts]
+    return [greedy_decode(TorchTarget(target, MAX_LEN, 1), p, NEW_TOKENS) for p in prompts]
 
 
 @pytest.fixture(scope="module")

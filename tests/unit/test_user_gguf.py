@@ -39,7 +39,6 @@ def built(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_repository_serves_the_users_model(built: Path) -> None:
     spec = EngineConfig.load(built / "engines" / "cpu" / "spec_engine.json")
     assert spec.model.name == "tiny-chat.gguf" and spec.draft_model is not None and spec.eagle_head_dir is None
-    assert spec.default_algorithm == "ngram"
     gate = (built / "model_repository" / "spec_gate" / "config.pbtxt").read_text()
     pre = (built / "model_repository" / "preprocessing" / "config.pbtxt").read_text()
     tokenizer_dir = ROOT / "artifacts" / "models" / "tiny-chat"

@@ -97,7 +97,7 @@ _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, Breaker
 
 
 class GateRequest(Protocol):
-    """What decide() reads from a request (`specgate.llm_request.LLMRequest` has these fields).
+    """What decide() reads from a request (`specgate.serving.llm_request.LLMRequest` has these fields).
 
     Strings are already decoded; absent is None. `temperature` should be the effective one (None
     passes the temperature gate).

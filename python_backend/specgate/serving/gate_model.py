@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER,
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER,
     PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY, REQUEST_KEY_TENSOR, engine_inputs,
 )
 from specgate.gate import Decision, Gate, PolicyError
@@ -40,8 +40,8 @@ from specgate.gate.admission import Overloaded, Ticket
 from specgate.gate.labels import label_secret_from_env
 from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
-from specgate.llm_request import LLMRequest, parse_llm_request
 from specgate.serving.bls import Cancelled, EngineFailure, responses
+from specgate.serving.llm_request import LLMRequest, parse_llm_request
 from specgate.serving.triton_io import (
     FINAL, cancelled_response, error_response, optional_array, optional_scalar, request_parameters, tensor, unavailable_response,
 )
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_OUTPUT_NAMES = [t.name for t in ENGINE_OUTPUTS]
 EXTENSION_OUTPUT_NAMES = [t.name for t in ENGINE_EXTENSIONS]
-_LLM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "use_speculative_decoding", "num_speculative_tokens")
+GATE_KNOBS = tuple(t for t in LLM_INPUTS if t.step == "spec_gate")  # what spec_gate reads of a request
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
 
 
@@ -157,9 +157,8 @@ class GateModel:
         self.mirrors.shutdown(wait=False, cancel_futures=True)
 
     def _parse(self, request: Any, params: dict[str, Any]) -> LLMRequest:
-        fields = {name: optional_scalar(request, name) for name in _LLM_FIELDS}
-        alg = optional_scalar(request, "speculative_algorithm")
-        fields["speculative_algorithm"] = alg.decode(errors="replace") if isinstance(alg, bytes) else alg
+        fields = {t.name: optional_scalar(request, t.name) for t in GATE_KNOBS}
+        fields = {k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in fields.items()}
         fields["api_key"] = params.get(HEADER_API_KEY)
         header = params.get(HEADER_SPEC_MODE)
         fields["spec_header"] = None if header is None else str(header)

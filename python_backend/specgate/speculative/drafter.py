@@ -29,6 +29,11 @@ class Drafter(ABC):
         """Reset per-request state. Sampling drafters draw with `params` and `gen`."""
         self.params, self.gen = params, gen
 
+    def context(self, tokens: list[int]) -> int:
+        """A class of the coming draft whose acceptance the engine tracks apart (0: one class).
+        Asked before the budget is chosen, so it must be cheap."""
+        return 0
+
     @abstractmethod
     def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
         """Draft at most `k` nodes rooted at `tokens[-1]`."""

@@ -73,7 +73,8 @@ class SpeculativeGenerator:
         self.drafters = dict(drafters)
         self.curve = curve
         self.max_len = target.info.max_context
-        self.acceptance = {name: Acceptance(prior=[ALGORITHMS[name].prior_acceptance]) for name in self.drafters}
+        # engine-wide acceptance by (algorithm, drafter context): each request starts from it
+        self.acceptance: dict[tuple[str, int], Acceptance] = {}
         self.draft_cost = {name: DraftCost(per_node=ALGORITHMS[name].draft_cost_per_node) for name in self.drafters}
 
     def generate(
@@ -118,6 +119,12 @@ class SpeculativeGenerator:
             raise ValueError(f"speculative algorithm {algorithm!r} {why}; loaded: {', '.join(sorted(self.drafters))}")
         return k
 
+    def _engine_acceptance(self, algorithm: str, context: int) -> Acceptance:
+        key = (algorithm, context)
+        if key not in self.acceptance:
+            self.acceptance[key] = Acceptance(prior=[ALGORITHMS[algorithm].prior(context)])
+        return self.acceptance[key]
+
     def _budget(self, algorithm: str, acceptance: Acceptance, k: int) -> int:
         if self.curve is None:
             return k
@@ -137,9 +144,15 @@ class SpeculativeGenerator:
     ) -> Iterator[list[int]]:
         drafter, target = self.drafters[algorithm], self.target
         features = drafter.uses_features
-        engine_acc = self.acceptance[algorithm]
-        # this request starts from what the engine has seen of this algorithm so far
-        acceptance = Acceptance(prior=[engine_acc.rate(i) for i in range(max(k, 1))])
+        # this request's acceptance by drafter context, each starting from what the engine has seen
+        acceptance: dict[int, Acceptance] = {}
+
+        def request_acceptance(context: int) -> Acceptance:
+            if context not in acceptance:
+                engine_acc = self._engine_acceptance(algorithm, context)
+                acceptance[context] = Acceptance(prior=[engine_acc.rate(i) for i in range(max(k, 1))])
+            return acceptance[context]
+
         gen = params.generator()
         logits, hidden = target.prefill(SLOT, prompt, features)
         root = sample_token(logits, params, gen)
@@ -159,7 +172,8 @@ class SpeculativeGenerator:
                     stream.finish_reason = "context"  # no room for the root's K/V
                 if stream.finish_reason is not None:
                     return
-                budget = self._budget(algorithm, acceptance, k)
+                context = drafter.context(tokens)
+                budget = self._budget(algorithm, request_acceptance(context), k)
                 stream.stats.draft_budget = budget
                 # Draft no more than fits in the cache or than the request still needs.
                 budget = min(budget, self.max_len - cache_len - 1, max_new - len(out) - 1)
@@ -181,11 +195,12 @@ class SpeculativeGenerator:
                 if len(tree):
                     drafter.accept(tree, path)
                     stream.stats.record(len(tree), len(path))
-                    acceptance.record(int(tree.depth.max()), len(path))
+                    request_acceptance(context).record(int(tree.depth.max()), len(path))
                 new = tree.tokens[path].tolist() + [bonus]
                 tokens += new
         finally:
-            engine_acc.merge(acceptance, ENGINE_MEMORY)
+            for context, acc in acceptance.items():
+                self._engine_acceptance(algorithm, context).merge(acc, ENGINE_MEMORY)
             target.release(SLOT)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
+from specgate.engine.sampling import SamplingParams
 from specgate.engine.tree import DraftTree
 from specgate.speculative.drafter import Drafter
 
@@ -14,13 +16,29 @@ class NgramDrafter(Drafter):
     def __init__(self, prompt_lookup_max: int = 4, prompt_lookup_min: int = 1) -> None:
         self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
 
+    def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
+        super().begin(prompt_ids, params, gen)
+        self._memo: tuple[int, tuple[int, int]] = (-1, (0, 0))  # (len(tokens), match): tokens only grow within a request
+
+    def context(self, tokens: list[int]) -> int:
+        """The length of the matched suffix (0: no match): a longer one predicts far better."""
+        return self._match(tokens)[0]
+
     def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
-        # Longest n first: a longer matched suffix predicts the continuation better.
+        n, start = self._match(tokens)
+        return DraftTree.chain(tokens[start + n : start + n + k]) if n else DraftTree.empty()
+
+    def _match(self, tokens: list[int]) -> tuple[int, int]:
+        """(n, start) of the longest suffix of up to max_n tokens seen before, latest occurrence
+        (recent text is the better predictor; the suffix itself is excluded); (0, 0) if none."""
+        if self._memo[0] == len(tokens):  # context() then propose() on the same tokens
+            return self._memo[1]
+        found = (0, 0)
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
             tail = tokens[-n:]
-            # latest match first (recent text is the better predictor); the tail itself is excluded
-            for start in range(len(tokens) - n - 1, -1, -1):
-                if tokens[start : start + n] == tail:
-                    cont = tokens[start + n : start + n + k]
-                    return DraftTree.chain(cont)
-        return DraftTree.empty()
+            start = next((s for s in range(len(tokens) - n - 1, -1, -1) if tokens[s : s + n] == tail), None)
+            if start is not None:
+                found = (n, start)
+                break
+        self._memo = (len(tokens), found)
+        return found

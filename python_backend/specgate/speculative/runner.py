@@ -83,9 +83,10 @@ class SpeculativeRunner:
         algorithm: str | None = None,
         k: int | None = None,
     ) -> None:
-        """Validate now (ValueError: unknown or unloaded algorithm, k out of range, prompt too long or
-        not token ids of the model), run later."""
-        algorithm = algorithm or self.cfg.default_algorithm
+        """Validate now (ValueError: no, unknown or unloaded algorithm, k out of range, prompt too long
+        or not token ids of the model), run later."""
+        if not algorithm:
+            raise ValueError("spec_engine needs the speculative_algorithm parameter (the gate's policy holds the default)")
         self.generator.check(algorithm, k)
         check_prompt(req, self.cfg.max_context, self.generator.target.info.vocab_size)
         if self._q.qsize() >= self.cfg.max_queue_size:

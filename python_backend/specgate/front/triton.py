@@ -1,0 +1,141 @@
+"""The front's only way to the model: the `llm` ensemble over gRPC streaming, with tritonclient's
+asyncio client, plus the tokenizer the served repository names (for the chat template and usage).
+
+The request is built by `specgate.client.grpc_inputs`, so the front sends exactly what every other
+client sends; the tenant and mode travel as gRPC headers, which Triton forwards to the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import grpc
+import tritonclient.grpc.aio as grpcaio
+from starlette.concurrency import run_in_threadpool
+from tritonclient.utils import InferenceServerException
+
+from specgate.client import Chunk, GenerateParams, grpc_inputs, result_chunk
+
+log = logging.getLogger("specgate.front")
+
+LLM_MODEL = "llm"
+PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
+
+# How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
+# the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
+# only others are the gate's own ("gate error: ...") and the engines' failures, which the gate reports
+# as "<engine>: ..." (serving/gate_model.py). So a model error is the client's (400) unless it starts so.
+_SERVER_FAULT_PREFIXES = ("gate error:", "spec_engine:", "target_engine:")
+# Triton's own answers while `llm` is not loaded or not ready
+_UNAVAILABLE_MARKERS = ("unknown model", "is not ready", "unavailable")
+
+
+@dataclass
+class BackendError(Exception):
+    """A failure to report to the HTTP client: the status and OpenAI error type follow from `status`."""
+
+    status: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def classify(message: str, model: str = LLM_MODEL) -> BackendError:
+    """A Triton stream error as the HTTP status it deserves (see _SERVER_FAULT_PREFIXES)."""
+    text = message.removeprefix(f"in ensemble '{model}', ")
+    lowered = text.lower()
+    if any(m in lowered for m in _UNAVAILABLE_MARKERS):
+        return BackendError(503, f"model {model!r} is not available: {text}")
+    if text.startswith(_SERVER_FAULT_PREFIXES):
+        return BackendError(500, text)
+    return BackendError(400, text)
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return BackendError(503, f"Triton at {url} is unavailable: {exc.details()}")
+    return BackendError(502, f"Triton at {url}: {exc.code().name}: {exc.details()}")
+
+
+class Triton:
+    """One gRPC channel to Triton, shared by every request, and the served model's tokenizer."""
+
+    def __init__(self, url: str, model: str = LLM_MODEL) -> None:
+        self.url, self.model = url, model
+        self.client = grpcaio.InferenceServerClient(url)
+        self._tokenizer: Any = None
+        self._tokenizer_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def tokenizer(self) -> Any:
+        """The tokenizer `preprocessing` uses, loaded once from the directory its config names (the
+        front and Triton share a file system); 503 while Triton cannot say which."""
+        async with self._tokenizer_lock:
+            if self._tokenizer is None:
+                try:
+                    config = await self.client.get_model_config(PREPROCESSING_MODEL, as_json=True)
+                except InferenceServerException as exc:  # tritonclient's wrapping of every gRPC error here
+                    raise BackendError(503, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
+                path = config["config"]["parameters"]["tokenizer_dir"]["string_value"]
+                from transformers import AutoTokenizer  # slow import: only once the tokenizer is needed
+
+                self._tokenizer = await run_in_threadpool(AutoTokenizer.from_pretrained, path)
+                log.info("tokenizer from %s", path)
+        return self._tokenizer
+
+    async def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[str, int]:
+        """The model's chat template over `messages`, ending with the assistant's turn, and its length
+        in tokens. (`llm` itself wraps a prompt as a single user turn only.)"""
+        tok = await self.tokenizer()
+
+        def render() -> tuple[str, int]:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return text, len(tok.encode(text, add_special_tokens=False))
+
+        return await run_in_threadpool(render)
+
+    async def count_tokens(self, text: str) -> int:
+        tok = await self.tokenizer()
+        return await run_in_threadpool(lambda: len(tok.encode(text, add_special_tokens=False)))
+
+    async def generate(self, prompt: str, p: GenerateParams, headers: dict[str, str], stream: bool) -> AsyncIterator[Chunk]:
+        """The `llm` responses for one request, as Chunks, until the final one. With `stream` false,
+        `llm` sends one response that holds the whole output.
+
+        Closing this generator early (the HTTP client went away) cancels the gRPC call, which ends the
+        request's stream at Triton."""
+        inputs = grpc_inputs(prompt, p, stream)
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self.model, "inputs": inputs}
+
+        t0 = time.perf_counter()
+        call = self.client.stream_infer(one_request(), headers=headers)
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    finished = True
+                    raise classify(error.message(), self.model)
+                response = result.get_response()
+                if response.outputs:
+                    yield result_chunk(result, time.perf_counter() - t0)
+                final = response.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    finished = True
+                    return
+            finished = True  # Triton closed the stream without a final flag: nothing left to cancel
+        except grpc.aio.AioRpcError as exc:
+            finished = True
+            raise _rpc_error(exc, self.url) from None
+        finally:
+            if not finished:
+                call.cancel()
+                log.info("client went away: cancelled the Triton stream after %.2f s", time.perf_counter() - t0)

@@ -1,0 +1,144 @@
+"""The OpenAI front without a model: request validation, error shapes, stop strings, error classes, and
+503 while Triton is unreachable (the app is served in-process by starlette's TestClient)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from specgate.front import create_app
+from specgate.front.schemas import ChatCompletionRequest, CompletionRequest
+from specgate.front.stops import StopTrimmer
+from specgate.front.triton import classify
+
+CHAT = {"model": "llm", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def client():
+    """The front in front of a port where no Triton listens."""
+    with TestClient(create_app(f"localhost:{_free_port()}")) as c:
+        yield c
+
+
+# -- request models ------------------------------------------------------------------------------
+def test_speculative_knobs_top_level_and_in_extra_body():
+    knobs = {"use_speculative_decoding": True, "num_speculative_tokens": 5, "speculative_algorithm": "eagle"}
+    top = ChatCompletionRequest.model_validate({**CHAT, **knobs})
+    nested = ChatCompletionRequest.model_validate({**CHAT, "extra_body": knobs})
+    for r in (top, nested):
+        p = r.generate_params(r.output_limit())
+        assert (p.use_speculative_decoding, p.num_speculative_tokens, p.speculative_algorithm) == (True, 5, "eagle")
+
+
+def test_field_in_both_places_is_rejected():
+    with pytest.raises(ValidationError, match="both at the top level and in extra_body"):
+        ChatCompletionRequest.model_validate({**CHAT, "max_tokens": 4, "extra_body": {"max_tokens": 8}})
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", "8"), ("temperature", "0.5"), ("stream", 1), ("seed", 1.5), ("n", 2), ("logprobs", True)])
+def test_wrong_types_and_unsupported_fields(field, value):
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({**CHAT, field: value})
+
+
+def test_defaults_are_the_llm_models_and_an_int_temperature_is_a_float():
+    p = ChatCompletionRequest.model_validate(CHAT).generate_params(None)
+    assert (p.max_tokens, p.temperature, p.top_p, p.apply_chat_template) == (128, 0.0, 1.0, False)
+    r = ChatCompletionRequest.model_validate({**CHAT, "temperature": 1, "max_completion_tokens": 7, "stop": "x"})
+    p = r.generate_params(r.output_limit())
+    assert (p.temperature, p.max_tokens, p.stop) == (1.0, 7, ["x"])
+
+
+def test_completion_prompt_is_one_string():
+    assert CompletionRequest.model_validate({"model": "llm", "prompt": ["a"]}).text() == "a"
+    with pytest.raises(ValidationError, match="one prompt per request"):
+        CompletionRequest.model_validate({"model": "llm", "prompt": ["a", "b"]})
+
+
+# -- stop strings --------------------------------------------------------------------------------
+@pytest.mark.parametrize("stops, text, expected", [
+    ([], "abc", "abc"),
+    ([", 7"], "4, 5, 6, 7", "4, 5, 6"),
+    (["b", "ab"], "xxab", "xx"),  # the longer one matched first
+    (["STOP"], "no stop here", "no stop here"),
+])
+def test_stop_trimmer_streamed_equals_whole(stops, text, expected):
+    whole = StopTrimmer(stops)
+    assert whole.push(text) + whole.finish() == expected
+    streamed, out = StopTrimmer(stops), ""
+    for ch in text:  # one character per delta: the stop string arrives in pieces
+        out += streamed.push(ch)
+    assert out + streamed.finish() == expected
+
+
+def test_stop_trimmer_without_stops_holds_nothing_back():
+    assert StopTrimmer([]).push("abc") == "abc"
+
+
+# -- Triton errors -------------------------------------------------------------------------------
+@pytest.mark.parametrize("message, status", [
+    ("in ensemble 'llm', max_tokens must be between 1 and 1024, got 0", 400),
+    ("in ensemble 'llm', x-speculative-decoding: invalid value 'maybe'; allowed: off, shadow, prod", 400),
+    ("in ensemble 'llm', target_engine: stub died", 500),
+    ("in ensemble 'llm', gate error: boom", 500),
+    ("Request for unknown model: 'llm' is not found", 503),
+])
+def test_classify(message, status):
+    err = classify(message)
+    assert err.status == status
+    assert "in ensemble" not in err.message
+
+
+# -- the app ------------------------------------------------------------------------------------
+def _assert_openai_error(r, status: int, needle: str) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert needle in err["message"]
+    assert err["type"] == ("invalid_request_error" if status < 500 else "server_error")
+
+
+@pytest.mark.parametrize("body, needle", [
+    (b'{"model": "llm", "messages": [', "not valid JSON"),
+    (b'[1, 2]', "must be a JSON object"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": "8"}', "max_tokens"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "tools": []}', "unsupported parameter: tools"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "n": 3}', "n:"),
+    (b'{"model": "llm", "messages": []}', "messages"),
+    (b'{"model": "llm", "messages": [{"role": "tool", "content": "Hi"}]}', "role"),
+])
+def test_bad_requests_are_openai_shaped_400s(client, body, needle):
+    _assert_openai_error(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}), 400, needle)
+
+
+def test_unknown_model_is_404(client):
+    r = client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-4o"})
+    _assert_openai_error(r, 404, "gpt-4o")
+    assert r.json()["error"]["code"] == "model_not_found"
+
+
+def test_unknown_route_is_openai_shaped(client):
+    _assert_openai_error(client.get("/v1/embeddings"), 404, "Not Found")
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "llm", "prompt": "Hi", "stream": True})])
+def test_triton_unreachable_is_503(client, path, body):
+    r = client.post(path, json=body)
+    _assert_openai_error(r, 503, "unavailable")
+    assert r.json()["error"]["code"] == "service_unavailable"
+
+
+def test_models_lists_llm(client):
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == ["llm"]
