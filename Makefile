@@ -9,11 +9,13 @@ SPEC ?= build/specs/smollm2-eagle.yaml
 SMOKE_SPEC ?= build/specs/smollm2-ngram.yaml
 STAMP := $(VENV)/.installed
 
+SOAK_S ?= 600
+
 SCENARIO ?= all
 USERS ?= 4
 DURATION ?= 60s
 
-.PHONY: setup build-engines serve test test-unit bench bench-baseline bench-engine bench-gate bench-batching bench-front bench-report loadtest train-eagle gpu-smoke clean
+.PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-gate bench-batching bench-front bench-report loadtest train-eagle gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
@@ -39,6 +41,9 @@ test: build-engines  ## unit + integration tests (starts its own tritonserver on
 
 test-unit: setup
 	$(VPY) -m pytest -q tests/unit
+
+soak: build-engines  ## SOAK_S seconds (600) of mixed traffic, cancellations and policy reloads against a test server; prints the figures
+	SPECGATE_SOAK_S=$(SOAK_S) $(VPY) -m pytest -q -s tests/integration/test_gate_soak.py
 
 bench-baseline: build-engines  ## engine in-process vs through Triton vs transformers generate
 	$(VPY) -m bench.baseline

@@ -101,8 +101,13 @@ def test_bad_input_grpc(grpc, http, name, fields, needle):
 
 
 def test_invalid_utf8(grpc, http):
-    with pytest.raises(ServerError, match="UTF-8"):
+    with pytest.raises(ServerError, match="text_input is not valid UTF-8"):
         grpc.generate(b"caf\xc3 \xff\xfe", GREEDY)
+    text, stop = grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("stop", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Hello"], dtype=np.object_))
+    stop.set_data_from_numpy(np.array([b"\xff"], dtype=np.object_))
+    with pytest.raises(ServerError, match="stop is not valid UTF-8"):  # named: it is not the prompt
+        list(grpc.stream("", GREEDY, raw_inputs=[text, stop]))
     r = requests.post(f"{http.base}/v2/models/llm/generate", data=b'{"text_input": "caf\xc3 \xff", "max_tokens": 4}', timeout=60)
     assert r.status_code == 400
     _assert_still_serving(http)

@@ -14,6 +14,9 @@ from specgate.errors import InvalidInput
         ({"max_tokens": 5000}, "max_tokens"),
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),  # a float32 overflow (1e39 in JSON)
+        ({"api_key": 5}, "x-api-key: Input should be a valid string"),  # a JSON number as the key
+        ({"spec_header": ["prod"]}, "x-speculative-decoding: "),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),

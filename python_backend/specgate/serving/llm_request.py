@@ -6,9 +6,11 @@ can fix the request from the message alone.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from specgate.contract import SAMPLING_EPS, SPEC_ALGORITHMS
+from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, SAMPLING_EPS, SPEC_ALGORITHMS
 from specgate.errors import InvalidInput
 
 
@@ -30,8 +32,8 @@ class LLMRequest(BaseModel):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v: float) -> float:
-        if not v >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {v}")
+        if not 0.0 <= v < math.inf:  # also rejects NaN, and the inf a float32 overflows to
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {v}")
         # greedy below the epsilon, so the router, the shadow comparison and the engines all see 0
         return 0.0 if v < SAMPLING_EPS else v
 
@@ -57,13 +59,24 @@ class LLMRequest(BaseModel):
         return v
 
 
+# the names a client knows these fields by (request parameters: gRPC headers, HTTP body fields)
+_CLIENT_NAMES = {"api_key": HEADER_API_KEY, "spec_header": HEADER_SPEC_MODE}
+
+
 def parse_llm_request(fields: dict, max_output_len: int) -> LLMRequest:
-    """Validate raw fields into an LLMRequest, raising InvalidInput with a readable message."""
+    """Validate raw fields into an LLMRequest, raising InvalidInput with a readable message that
+    names each offending input."""
     mt = fields.get("max_tokens")
     if mt is not None and not 1 <= int(mt) <= max_output_len:
         raise InvalidInput(f"max_tokens must be between 1 and {max_output_len}, got {int(mt)}")
     try:
         return LLMRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        msgs = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        raise InvalidInput(msgs) from None
+        raise InvalidInput("; ".join(_message(e) for e in exc.errors())) from None
+
+
+def _message(error: dict) -> str:
+    msg = error["msg"].removeprefix("Value error, ")
+    field = ".".join(str(part) for part in error["loc"])
+    field = _CLIENT_NAMES.get(field, field)
+    return msg if not field or msg.startswith(field) else f"{field}: {msg}"

@@ -41,7 +41,7 @@ class PreprocessingModel:
             chat = optional_scalar(request, "apply_chat_template")
             ids = self.tok.encode_prompt(text, chat=True if chat is None else bool(chat))
             stops_arr = optional_array(request, "stop")
-            stops = [] if stops_arr is None else [self.tok.decode_utf8(s) for s in stops_arr.reshape(-1)]
+            stops = [] if stops_arr is None else [self.tok.decode_utf8(s, "stop") for s in stops_arr.reshape(-1)]
         except InvalidInput as exc:
             return error_response(str(exc))
         return pb_utils.InferenceResponse(

@@ -19,11 +19,13 @@ class PromptTokenizer:
     def eos_id(self) -> int:
         return int(self.tok.eos_token_id)
 
-    def decode_utf8(self, raw: bytes) -> str:
+    @staticmethod
+    def decode_utf8(raw: bytes, field: str = "text_input") -> str:
+        """`raw` as text; InvalidInput naming `field` (the input it came from) if it is not UTF-8."""
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput(f"text_input is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise InvalidInput(f"{field} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
         """Token ids for `text`, wrapped as one user turn of the chat template unless `chat` is False."""
