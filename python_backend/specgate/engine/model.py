@@ -120,11 +120,10 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_caus
 
     q [B, H, T, D]; keys/values [B, Hkv, L, D]; mask (True = visible) broadcasts to [B, 1, T, L].
     Decode steps (one new token per sequence, padding masked when B > 1) run as two fp32 matmuls
-    written out here. PyTorch's CPU flash kernel, measured in bf16 on one thread (the servers' engine
-    setting, docs/batching.md "Threads"), took 200 us per layer for one query over 300 cached tokens
-    (740 over 1000) against 40 (100) here, and 1600 us for 8 sequences over 300 against 240, with
-    the same error against an fp64 reference (both accumulate in fp32). Blocks of several tokens
-    (prefill, verification, drafting) keep the flash kernel: there the matmuls gained nothing.
+    written out here: PyTorch's CPU flash kernel was several times slower for one query per
+    sequence, with the same error against an fp64 reference (docs/batching.md, "Threads"). Blocks of
+    several tokens (prefill, verification, drafting) keep the flash kernel: there the matmuls gained
+    nothing.
     """
     B, H, T, D = q.shape
     if T > 1 or is_causal:

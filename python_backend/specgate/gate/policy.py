@@ -92,9 +92,8 @@ class BreakerPolicy(_Strict):
 
 class LoadPolicy(_Strict):
     # Speculative only while fewer than this many requests are already in flight; None disables
-    # the gate. 1 is measured: `make bench-batching` (python -m bench.batching), 2026-11-29, 2 shared
-    # CPU cores, bf16: from 2 concurrent requests on, the batched baseline's throughput beats the
-    # one-at-a-time speculative engine's (crossover c=2 -> limit c-1). docs/batching.md
+    # the gate. 1: from 2 concurrent requests on, the batched baseline's throughput beats the
+    # one-at-a-time speculative engine's (`make bench-batching`; docs/batching.md, "The gate's default").
     max_in_flight: int | None = Field(1, ge=1)
 
 

@@ -5,9 +5,9 @@ sum of draft log-probabilities along the path; the `top_k` best of those become 
 Reranking: the `k` best-scored candidates of all depths form the tree. A child never outscores its
 parent, so that set contains every selected node's ancestors.
 
-Defaults (depth 5, top_k 4, k = total_tokens 8): measured in docs/speculative.md ("EAGLE-2 tree
-size"). The engine's budget controller may verify fewer nodes than k where the machine's cost curve
-makes more not pay; a smaller budget keeps the k best-scored nodes.
+Defaults (depth 5, top_k 4, k = total_tokens 8): docs/speculative.md, "EAGLE-2 tree size and the
+hybrid split". The engine's budget controller may verify fewer nodes than k where the machine's
+cost curve makes more not pay; a smaller budget keeps the k best-scored nodes.
 
 Children are chosen deterministically (top-k), so the tree carries no q: the verifier treats each
 as one-hot, which is exact at any temperature (a sampled tree would accept more when T > 0).
