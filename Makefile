@@ -34,7 +34,7 @@ else
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=)
-	$(VPY) -m specgate.launcher
+	$(VPY) -m specgate_launcher
 
 test: build-engines  ## unit + integration tests (starts its own tritonserver on ports 18000-18002)
 	$(VPY) -m pytest -q

@@ -21,11 +21,11 @@ import time
 from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, write_results
 from bench.peer import Peer
 from bench.prompts_fixed import DECODE_PROMPTS
-from specgate.client import GenerateParams, HttpClient
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.runner import BatchRunner
+from specgate_client import GenerateParams, HttpClient
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.batch_runner import BatchRunner
 from specgate.text.tokenizer import PromptTokenizer
 
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"

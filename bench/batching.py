@@ -30,12 +30,12 @@ from typing import Callable
 from bench.common import ROOT, machine_lines, machine_record, median, spread, write_results
 from bench.prompts import load_prompts
 from specgate.algorithms import ALGORITHMS
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.runner import BatchRunner
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.batch_runner import BatchRunner
 from specgate.speculative.registry import build_drafters
-from specgate.speculative.runner import SpeculativeRunner
+from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"

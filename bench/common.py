@@ -34,7 +34,7 @@ def write_results(name: str, markdown: str, raw: dict) -> None:
 @contextmanager
 def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: int = 38002) -> Iterator:
     """A tritonserver for the benchmark on its own ports, stopped afterwards."""
-    from specgate.launcher import Ports, running
+    from specgate_launcher import Ports, running
 
     ports = Ports(http, grpc, metrics)
     # one log per run (start() truncates its log): runs on other ports, or later runs, keep theirs
@@ -51,7 +51,7 @@ def machine_record() -> dict:
 
     import torch
 
-    from specgate.engine.machine import machine
+    from specgate.decoding.machine import machine
 
     m = machine()
     record = {"cpu": m.cpu_model, "cores": m.cores, "isa": m.isa, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}

@@ -6,7 +6,7 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
 
 - peer: llama-cpp-python's own plain decoding of the same GGUF, threads and prompts (bench/peer.py);
   only with the llama.cpp engine.
-- baseline: the baseline engine's target and sampling, one request at a time (engine/plain.py).
+- baseline: the baseline engine's target and sampling, one request at a time (decoding/plain.py).
   Every llama.cpp decode of this process runs on its main thread: a second thread's OpenMP pool
   (the batch runner's) made every decode 2x slower (each engine process of the server decodes on
   one thread).
@@ -39,13 +39,13 @@ from bench.common import ROOT, machine_lines, machine_record, median, spread, wr
 from bench.peer import Peer
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.algorithms import ALGORITHMS
-from specgate.engine.config import EngineConfig
-from specgate.engine.cost_curve import measure
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.cost_curve import measure
 from specgate.goodput import CostCurve
-from specgate.engine.loading import load_target
-from specgate.engine.plain import plain_decode
-from specgate.engine.sampling import SamplingParams
-from specgate.engine.target import Target
+from specgate.decoding.loading import load_target
+from specgate.decoding.plain import plain_decode
+from specgate.decoding.sampling import SamplingParams
+from specgate.decoding.target import Target
 from specgate.gate import Gate, RequestInputs
 from specgate.speculative import SpecStats, SpeculativeGenerator
 from specgate.speculative.calibrate import calibrate

@@ -21,8 +21,8 @@ import requests
 from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, write_results
 from bench.gate import tpot_ms
 from bench.prompts_fixed import DECODE_PROMPTS
-from specgate.client import GenerateParams, GrpcClient
-from specgate.launcher import running_front
+from specgate_client import GenerateParams, GrpcClient
+from specgate_launcher import running_front
 
 Points = list[tuple[float, int]]  # (seconds since the request, tokens so far) per response with text
 

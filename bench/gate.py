@@ -15,7 +15,7 @@ import time
 from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, write_results
 from bench.gate_decision import measure
 from bench.prompts_fixed import DECODE_PROMPTS
-from specgate.client import GenerateParams, GrpcClient, stream_engine
+from specgate_client import GenerateParams, GrpcClient, stream_engine
 from specgate.contract import engine_inputs
 
 

@@ -49,9 +49,9 @@ from bench.common import ROOT, RESULTS, machine_lines, machine_record, median, s
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
-from specgate.client import HttpClient  # noqa: E402
+from specgate_client import HttpClient  # noqa: E402
 from specgate.gate.tenants import hash_key  # noqa: E402
-from specgate.launcher import Ports, running, server_env  # noqa: E402
+from specgate_launcher import Ports, running, server_env  # noqa: E402
 
 OUT = RESULTS / "report"
 WORK = ROOT / "artifacts" / "report"
@@ -299,7 +299,7 @@ def why_defaults(meta: dict[str, Any]) -> list[str]:
         f"speculation (the crossover c), the second request should go to the baseline, so the limit is c - 1. {measured}.",
         f"- `temperature_threshold: {g['temperature_threshold']}`: above it drafts are rejected more often than they pay "
         "(bench-engine's T=0.7 column shows the loss); the mixed-temperature row shows those requests on the baseline.",
-        f"- server processes run with {omp} (`specgate.launcher.server_env`): both engines' stubs share the cores; one "
+        f"- server processes run with {omp} (`specgate_launcher.server_env`): both engines' stubs share the cores; one "
         "thread each keeps a busy engine from starving the other, and on the engines' worker threads a second OpenMP thread "
         "bought nothing (docs/batching.md, \"Threads\").",
     ]

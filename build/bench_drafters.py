@@ -19,10 +19,10 @@ from pathlib import Path
 
 from build.make_draft_model import DEFAULT_LAYERS, make_draft, make_draft_gguf
 from specgate.algorithms import ALGORITHMS, EAGLE_HEAD_ALGORITHMS
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.plain import greedy_decode
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.plain import greedy_decode
+from specgate.decoding.target import Target
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter

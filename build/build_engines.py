@@ -19,7 +19,7 @@ from build import fetch_model, make_draft_model
 from build.render_repository import engine_tensor_values, render
 from build.trtllm import build as trtllm
 from specgate.algorithms import EAGLE_HEAD_ALGORITHMS
-from specgate.engine.config import EngineConfig
+from specgate.decoding.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD_DIR = ROOT / "heads" / "smollm2-135m-eagle"

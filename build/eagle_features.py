@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from build.eagle_data import WORK, Sample
-from specgate.engine.model import KVCache, Llama
+from specgate.decoding.model import KVCache, Llama
 
 FEATURES = WORK / "features"
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from build import eagle_data
 from build.eagle_data import CHECKPOINT
 from build.eagle_features import target_features
-from specgate.engine.model import KVCache, Llama, load_llama
+from specgate.decoding.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, greedy_chain, load_eagle_head
 
 

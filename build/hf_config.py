@@ -6,7 +6,7 @@ pins transformers 4.x and reads the classic keys: `LLaMAConfig.from_hugging_face
 (tensorrt_llm/models/llama/config.py), and examples/eagle/convert_checkpoint.py takes
 `LlamaConfig.from_pretrained(...).rope_theta`. A 5.x config would fail the first and silently get the wrong
 RoPE base from the others. transformers 5.x still reads the classic layout (it moves `rope_theta` into
-`rope_parameters` itself), and so does `specgate.engine.model.LlamaConfig.from_hf`.
+`rope_parameters` itself), and so does `specgate.decoding.model.LlamaConfig.from_hf`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from build import eagle_data, eagle_features
 from build.eagle_data import CHECKPOINT, WORK, Sample
 from build.eagle_features import FeatureSet
-from specgate.engine.model import load_llama
+from specgate.decoding.model import load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, save_eagle_head
 
 CKPT = WORK / "ckpt" / "state.pt"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specgate.client import ServerError, calibrate
+from specgate_client import ServerError, calibrate
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import sys
 import time
 
 from specgate.contract import SPEC_ALGORITHMS
-from specgate.client import GenerateParams, GrpcClient, HttpClient, ServerError, ServerUnreachable
+from specgate_client import GenerateParams, GrpcClient, HttpClient, ServerError, ServerUnreachable
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Locust users for the `llm` entry point: HTTP generate_stream (SSE) and gRPC streaming.
 
-Both go through `specgate.client`. Each request is reported to Locust as several entries, so
+Both go through `specgate_client`. Each request is reported to Locust as several entries, so
 Locust's stats, CSV and HTML carry the LLM metrics (type / name):
 
 - `<proto>` / `<route>`: end-to-end latency in ms; "size" is output tokens; failures counted here
@@ -33,7 +33,7 @@ grpc_gevent.init_gevent()
 
 from locust import User, constant, task  # noqa: E402
 
-from specgate.client import GrpcClient, HttpClient  # noqa: E402
+from specgate_client import GrpcClient, HttpClient  # noqa: E402
 
 from loadtest.measure import Sample, StreamingClient, timed  # noqa: E402
 from loadtest.workloads import Workload, load  # noqa: E402

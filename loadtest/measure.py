@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specgate.client import Chunk, GenerateParams, Result
+from specgate_client import Chunk, GenerateParams, Result
 
 from loadtest.workloads import RequestSpec
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from specgate.client import GenerateParams
+from specgate_client import GenerateParams
 
 # Written for this project (not from public benchmark sets). Categories differ in how predictable the
 # continuation is, which is what moves speculative acceptance: copying and code repeat the prompt or

@@ -60,7 +60,7 @@ def gguf() -> Path:
 @pytest.fixture(scope="session")
 def server(checkpoint: Path):
     """A real tritonserver on the rendered fp32 repository; yields its Ports."""
-    from specgate.launcher import Ports, running
+    from specgate_launcher import Ports, running
 
     TEST_OUT.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit these copies live
@@ -77,13 +77,13 @@ def server(checkpoint: Path):
 
 @pytest.fixture(scope="session")
 def http(server):
-    from specgate.client import HttpClient
+    from specgate_client import HttpClient
 
     return HttpClient(f"localhost:{server.http}")
 
 
 @pytest.fixture(scope="session")
 def grpc(server):
-    from specgate.client import GrpcClient
+    from specgate_client import GrpcClient
 
     return GrpcClient(f"localhost:{server.grpc}")

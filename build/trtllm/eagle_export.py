@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from build import hf_config
-from specgate.engine.model import HF_LAYER_NAMES, Llama, load_llama
+from specgate.decoding.model import HF_LAYER_NAMES, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, load_eagle_head
 
 WEIGHTS = "model.safetensors"

@@ -13,14 +13,14 @@ import os
 import sysconfig
 from pathlib import Path
 
-from specgate.launcher import HEADER_PATTERN, Ports
+from specgate_launcher import HEADER_PATTERN, Ports
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"  # launch_triton_server.py's default
 
 
 def server_env(repo_root: Path) -> dict[str, str]:
     """Environment additions: orchestrator mode, and where the Python-backend models import specgate and its
-    dependencies from (this interpreter's site-packages, as specgate.launcher does; the image's stub is the
+    dependencies from (this interpreter's site-packages, as specgate_launcher does; the image's stub is the
     same Python version as a venv made from the image's python3). Unlike the launcher it leaves
     LD_LIBRARY_PATH alone: the image's CUDA libraries must win."""
     paths = [str(repo_root / "python_backend"), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]

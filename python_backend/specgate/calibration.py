@@ -1,6 +1,6 @@
 """What spec_engine measured about its machine, as published for the gate (no torch: the gate reads it).
 
-- `curve`: the verification cost curve (engine/cost_curve.py measures it);
+- `curve`: the verification cost curve (decoding/cost_curve.py measures it);
 - per algorithm: its drafting time (ms per node for chain drafters, per step for trees), and from
   both the per-position acceptance at which drafting starts to pay (`break_even_alpha`).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from specgate.algorithms import ALGORITHMS
-from specgate.engine.machine import Machine
+from specgate.decoding.machine import Machine
 from specgate.goodput import CostCurve, DraftCost, break_even_alpha, expected_speedup, rate_of_alpha
 
 

@@ -1,6 +1,6 @@
 """Server secrets kept in files: created once with a random value, readable by their owner only.
 
-`make serve` (specgate.launcher) creates them under artifacts/secrets/ and passes their paths on;
+`make serve` (specgate_launcher) creates them under artifacts/secrets/ and passes their paths on;
 they are never printed or logged.
 """
 

@@ -22,7 +22,7 @@ def front(server):
     tritonserver; yields (base URL, its log file). TEST_FRONT_PORT= pins its port."""
     from dataclasses import replace
 
-    from specgate.launcher import running_front
+    from specgate_launcher import running_front
 
     ports = replace(server, front=int(os.environ.get("TEST_FRONT_PORT", 0)) or free_port())
     log = TEST_OUT / "front.log"

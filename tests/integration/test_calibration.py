@@ -17,7 +17,7 @@ import pytest
 from loadtest.metrics import scrape
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.calibration import Calibration
-from specgate.client import GenerateParams, calibrate
+from specgate_client import GenerateParams, calibrate
 from specgate.contract import VERIFY_COST_METRIC
 from tests.conftest import FREE_DRAFTING, TEST_OUT
 from tests.integration.test_gate import ECHO

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from loadtest.metrics import delta, scrape, value
-from specgate.client import GenerateParams, stream_engine
+from specgate_client import GenerateParams, stream_engine
 from specgate.contract import ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, engine_inputs
 from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import CHECKPOINT

@@ -17,8 +17,8 @@ import openai
 import pytest
 import requests
 
-from specgate.client import META, GenerateParams
-from specgate.launcher import running_front
+from specgate_client import META, GenerateParams
+from specgate_launcher import running_front
 from tests.conftest import TEST_OUT
 from tests.integration.conftest import free_port
 

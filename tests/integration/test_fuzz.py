@@ -22,13 +22,12 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 import numpy as np
-import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specgate.client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
+from specgate_client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS
 

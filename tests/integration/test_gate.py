@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from loadtest.metrics import delta, delta_by, scrape, value
-from specgate.client import GenerateParams, ServerError, collect
+from specgate_client import GenerateParams, ServerError, collect
 from specgate.contract import SPEC_ALGORITHMS
 from specgate.gate.tenants import hash_key
 from tests.conftest import TEST_KEYS, TEST_OUT, TEST_POLICY

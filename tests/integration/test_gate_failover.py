@@ -22,8 +22,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from loadtest.metrics import delta, scrape
-from specgate.client import GenerateParams, GrpcClient, HttpClient, collect
-from specgate.launcher import admin_headers
+from specgate_client import GenerateParams, GrpcClient, HttpClient, collect
+from specgate_launcher import admin_headers
 from tests.conftest import stub_pids
 
 PROMPTS = [

@@ -33,7 +33,7 @@ import yaml
 
 from loadtest.metrics import delta, scrape
 from specgate.algorithms import SPEC_ALGORITHMS
-from specgate.client import GenerateParams, Result, collect
+from specgate_client import GenerateParams, Result, collect
 from specgate.gate.router import REASONS
 from tests.conftest import TEST_POLICY, stub_pids
 from tests.integration.server_state import MODELS, engines_idle, kv_tokens, memory

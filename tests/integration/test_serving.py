@@ -10,7 +10,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from specgate.client import GenerateParams, ServerError, collect
+from specgate_client import GenerateParams, ServerError, collect
 from tests.prompts import GREEDY_PROMPTS, UNICODE_PROMPTS
 
 GREEDY = GenerateParams(max_tokens=32)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgate.engine.model import attend
+from specgate.decoding.model import attend
 
 H, HKV, D = 9, 3, 64  # SmolLM2-135M's grouping: three query heads per KV head
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.runner import BatchRunner, QueueFull
-from specgate.engine.sampling import SamplingParams
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.batch_runner import BatchRunner, QueueFull
+from specgate.decoding.sampling import SamplingParams
 from tests.prompts import GREEDY_PROMPTS
 from tests.unit.test_engine_reference import chat_ids, model, run_all, tok, torch_runner  # noqa: F401 (fixtures)
 

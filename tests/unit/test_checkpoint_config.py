@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from build import hf_config
 from build.make_draft_model import make_draft
-from specgate.engine.model import LlamaConfig as OurLlamaConfig
+from specgate.decoding.model import LlamaConfig as OurLlamaConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # written by `make build-engines`

@@ -7,18 +7,16 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from build.render_repository import render
 from specgate.algorithms import ALGORITHMS, check_k
-from specgate.client import META, GenerateParams, grpc_inputs
 from specgate.contract import LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, TO_POSTPROCESSING, api_table
-from specgate.engine.sampling import SamplingParams
+from specgate.decoding.sampling import SamplingParams
 from specgate.errors import InvalidInput
 from specgate.gate import Gate, RequestInputs
 from specgate.gate.policy import PolicyError
 from specgate.serving.llm_request import LLMRequest, parse_llm_request
+from specgate_client import META, GenerateParams, grpc_inputs
 from tests.conftest import ROOT
 
 GATE_KNOBS = {t.name for t in LLM_INPUTS if t.step == "spec_gate"}

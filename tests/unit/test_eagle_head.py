@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgate.engine.model import KVCache, Llama, load_llama
+from specgate.decoding.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, greedy_chain, load_eagle_head, save_eagle_head
 from tests.unit.tiny_model import tiny_target
 

@@ -7,12 +7,12 @@ import threading
 import pytest
 import torch
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.model import KVCache, load_llama
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.runner import BatchRunner
-from specgate.engine.sampling import SamplingParams
-from specgate.engine.torch_target import TorchTarget
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.model import KVCache, load_llama
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.batch_runner import BatchRunner
+from specgate.decoding.sampling import SamplingParams
+from specgate.decoding.torch_target import TorchTarget
 from tests.prompts import GREEDY_PROMPTS
 
 NEW_TOKENS = 64

@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from specgate.front import create_app
-from specgate.front.schemas import ChatCompletionRequest, CompletionRequest
-from specgate.front.stops import StopTrimmer
-from specgate.front.triton import classify
+from specgate_front import create_app
+from specgate_front.schemas import ChatCompletionRequest, CompletionRequest
+from specgate_front.stops import StopTrimmer
+from specgate_front.triton import classify
 
 CHAT = {"model": "llm", "messages": [{"role": "user", "content": "Hi"}]}
 

@@ -274,7 +274,7 @@ def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
 
 # -- routing on spec_engine's calibration -------------------------------------------------------------
 def _calibration(ratios: dict[int, float], draft_ms: dict[str, float]) -> Calibration:
-    from specgate.engine.machine import machine
+    from specgate.decoding.machine import machine
 
     curve = CostCurve.of_ratios(ratios, base_ms=10.0)
     return Calibration.build(curve, draft_ms, set(), machine=machine(), backend="llamacpp", dtype="Q4_1", threads=2, measured_at="now")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specgate.algorithms import ALGORITHMS
-from specgate.engine.sampling import SamplingParams
+from specgate.decoding.sampling import SamplingParams
 from specgate.speculative.drafter import DraftTree
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.hybrid import HybridDrafter, merge_chain

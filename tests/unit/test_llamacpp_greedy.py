@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from specgate.algorithms import ALGORITHMS
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.plain import greedy_decode
-from specgate.engine.sampling import SamplingParams, warp
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.plain import greedy_decode
+from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.target import Target
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer

@@ -15,8 +15,8 @@ import random
 import pytest
 import torch
 
-from specgate.engine.llamacpp_target import LlamaCppTarget
-from specgate.engine.tree import DraftTree
+from specgate.decoding.llamacpp_target import LlamaCppTarget
+from specgate.decoding.tree import DraftTree
 
 TOL = 1e-3
 HOLE_TOL = 1.5
@@ -134,7 +134,7 @@ def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa
     was trained on: close to the PyTorch reference's on the same weights (llama.cpp multiplies with
     8-bit activations), and projected on the output table they give llama.cpp's own logits (to the
     rounding of its 8-bit output matmul)."""
-    from specgate.engine.torch_target import TorchTarget
+    from specgate.decoding.torch_target import TorchTarget
 
     rng = random.Random(2)
     prompt = [rng.randrange(100, 40000) for _ in range(24)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specgate.algorithms import ALGORITHMS, EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS, check_k
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.registry import build_drafters
 from tests.conftest import DRAFT_GGUF, HEAD

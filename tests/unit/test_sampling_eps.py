@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specgate.contract import SAMPLING_EPS
-from specgate.engine.sampling import SamplingParams, sample_token
+from specgate.decoding.sampling import SamplingParams, sample_token
 from specgate.serving.llm_request import parse_llm_request
 
 TINY = [1e-40, 1e-30, SAMPLING_EPS / 2]

@@ -10,9 +10,9 @@ and judged against this machine's measured break-even.
 
 from __future__ import annotations
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.sampling import SamplingParams
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.sampling import SamplingParams
 from specgate.gate.breaker import BreakerState, CircuitBreakers
 from specgate.gate.calibration import best_algorithm, breaker_thresholds
 from specgate.gate.policy import load_policy

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.model import Llama, load_llama
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.plain import greedy_decode
-from specgate.engine.torch_target import TorchTarget
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.model import Llama, load_llama
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.plain import greedy_decode
+from specgate.decoding.torch_target import TorchTarget
 from specgate.speculative.ngram import NgramDrafter
-from specgate.speculative.runner import SpeculativeRunner
+from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 
 MAX_CONTEXT = 256

@@ -22,11 +22,11 @@ import torch
 from torch import Tensor
 
 from build.make_draft_model import DEFAULT_LAYERS, make_draft
-from specgate.engine.model import KVCache, Llama, load_llama
-from specgate.engine.sampling import SamplingParams, warp
-from specgate.engine.plain import greedy_decode
-from specgate.engine.torch_target import TorchTarget
-from specgate.engine.tree import DraftTree
+from specgate.decoding.model import KVCache, Llama, load_llama
+from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.plain import greedy_decode
+from specgate.decoding.torch_target import TorchTarget
+from specgate.decoding.tree import DraftTree
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter

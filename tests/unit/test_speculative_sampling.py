@@ -12,9 +12,9 @@ import itertools
 import pytest
 import torch
 
-from specgate.engine.model import KVCache, Llama, LlamaConfig
-from specgate.engine.sampling import SamplingParams, warp
-from specgate.engine.torch_target import TorchTarget
+from specgate.decoding.model import KVCache, Llama, LlamaConfig
+from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.torch_target import TorchTarget
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaModel
 
 from build.trtllm.eagle_export import WEIGHTS, export, load_exported
-from specgate.engine.model import KVCache, Llama, load_llama
+from specgate.decoding.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, greedy_chain, load_eagle_head
 from specgate.text.tokenizer import PromptTokenizer
 from tests.unit.tiny_model import TINY, tiny_target

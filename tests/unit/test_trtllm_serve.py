@@ -7,7 +7,7 @@ import sysconfig
 from pathlib import Path
 
 from build.trtllm.serve import server_command, server_env
-from specgate.launcher import Ports
+from specgate_launcher import Ports
 
 
 def test_server_command_matches_the_multi_model_launch() -> None:

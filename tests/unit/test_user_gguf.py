@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from build.make_draft_model import make_draft_gguf
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer

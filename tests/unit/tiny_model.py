@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specgate.engine.model import Llama, LlamaConfig
+from specgate.decoding.model import Llama, LlamaConfig
 
 TINY = LlamaConfig(
     vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -2,7 +2,7 @@
 
 An unkeyed hash of an API key can be reversed by hashing common keys until one matches; without the
 secret, a file only the server reads, a label reveals nothing. The same secret gives the same labels
-after a restart: `make serve` creates the file once (specgate.launcher) and passes its path in
+after a restart: `make serve` creates the file once (specgate_launcher) and passes its path in
 LABEL_KEY_ENV.
 """
 

@@ -19,12 +19,12 @@ from specgate.algorithms import ALGORITHMS
 from specgate.contract import (
     PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY, VERIFY_COST_METRIC,
 )
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.machine import machine
-from specgate.engine.request import Event, GenerationRequest
-from specgate.engine.sampling import SamplingParams
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.machine import machine
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.sampling import SamplingParams
+from specgate.decoding.target import Target
 from specgate.calibration import Calibration, CalibrationOverride
 from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
@@ -266,7 +266,7 @@ class EngineModel:
 
 class BaselineEngineModel(EngineModel):
     def make_runner(self, cfg: EngineConfig) -> Any:
-        from specgate.engine.runner import BatchRunner
+        from specgate.decoding.batch_runner import BatchRunner
 
         return BatchRunner(load_target(cfg, cfg.model, num_slots=cfg.max_batch_size), cfg)
 
@@ -277,7 +277,7 @@ class BaselineEngineModel(EngineModel):
 class SpeculativeEngineModel(EngineModel):
     def make_runner(self, cfg: EngineConfig) -> Any:
         from specgate.speculative.registry import build_drafters
-        from specgate.speculative.runner import SpeculativeRunner
+        from specgate.speculative.spec_runner import SpeculativeRunner
 
         tree_nodes = max(ALGORITHMS[name].max_k for name in ALGORITHMS)
         target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes)

@@ -15,10 +15,10 @@ import torch
 
 from specgate.algorithms import ALGORITHMS
 from specgate.calibration import Calibration, CalibrationOverride
-from specgate.engine.cost_curve import measure
-from specgate.engine.machine import machine
-from specgate.engine.sampling import SamplingParams
-from specgate.engine.target import Target
+from specgate.decoding.cost_curve import measure
+from specgate.decoding.machine import machine
+from specgate.decoding.sampling import SamplingParams
+from specgate.decoding.target import Target
 from specgate.goodput import CostCurve
 from specgate.speculative.drafter import Drafter
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from specgate.engine.sampling import SamplingParams, warp
-from specgate.engine.target import Target
-from specgate.engine.tree import DraftTree
+from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.target import Target
+from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
 
 SLOT = 0

@@ -1,4 +1,4 @@
-"""The drafter interface. Every drafter returns a `DraftTree` (engine/tree.py)."""
+"""The drafter interface. Every drafter returns a `DraftTree` (decoding/tree.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from specgate.engine.sampling import SamplingParams
-from specgate.engine.tree import DraftTree
+from specgate.decoding.sampling import SamplingParams
+from specgate.decoding.tree import DraftTree
 
 
 class Drafter(ABC):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specgate.engine.sampling import SamplingParams, warp
-from specgate.engine.tree import DraftTree
+from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from specgate.algorithms import EAGLE2_DEPTH
-from specgate.engine.tree import DraftTree
+from specgate.decoding.tree import DraftTree
 from specgate.speculative.eagle import EagleBase
 
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specgate.engine.model import Attn, DecoderLayer, KVCache, LlamaConfig, Rotary
+from specgate.decoding.model import Attn, DecoderLayer, KVCache, LlamaConfig, Rotary
 
 WEIGHTS = "eagle_head.safetensors"
 CONFIG = "config.json"

@@ -20,10 +20,10 @@ from torch import Tensor
 
 from specgate.algorithms import ALGORITHMS, check_k
 
-from specgate.engine.request import hits_stop
-from specgate.engine.sampling import SamplingParams, sample_token, warp
-from specgate.engine.target import Target
-from specgate.engine.tree import DraftTree
+from specgate.decoding.request import hits_stop
+from specgate.decoding.sampling import SamplingParams, sample_token, warp
+from specgate.decoding.target import Target
+from specgate.decoding.tree import DraftTree
 from specgate.goodput import Acceptance, CostCurve, DraftCost, choose_budget
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
@@ -87,22 +87,36 @@ class SpeculativeGenerator:
         end_id: int | None = None,
         stop_words: list[list[int]] | None = None,
     ) -> SpecStream:
-        """Validate the request now (ValueError on a bad algorithm, k or length); decode lazily."""
+        """Validate the request now (ValueError on a bad algorithm, k or length); decode lazily.
+        The entry for direct callers; SpeculativeRunner validates at its own submit and calls `start`."""
         k = self.check(algorithm, k)
         if not prompt_ids or len(prompt_ids) >= self.max_len:
             raise ValueError(f"prompt length {len(prompt_ids)} must be in [1, {self.max_len - 1}]")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        return self.start(prompt_ids, max_new_tokens, params or SamplingParams(), algorithm, k, end_id, stop_words)
+
+    def start(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        params: SamplingParams,
+        algorithm: str,
+        k: int,
+        end_id: int | None,
+        stop_words: list[list[int]],
+    ) -> SpecStream:
+        """Decode a request validated already (k resolved by `check`); nothing is re-checked."""
         stream = SpecStream()
         stream._steps = self._run(
             stream,
             list(prompt_ids),
             max_new_tokens,
-            params or SamplingParams(),
+            params,
             algorithm,
             k,
             self.target.info.eos_token_id if end_id is None else end_id,
-            [w for w in stop_words or [] if w],
+            [w for w in stop_words if w],
         )
         return stream
 

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from specgate.algorithms import ALGORITHMS
-from specgate.engine.sampling import SamplingParams
-from specgate.engine.tree import DraftTree
+from specgate.decoding.sampling import SamplingParams
+from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle2 import Eagle2Drafter
 from specgate.speculative.ngram import NgramDrafter

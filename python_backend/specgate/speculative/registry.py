@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.loading import load_target
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
+from specgate.decoding.target import Target
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter

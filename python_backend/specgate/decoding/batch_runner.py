@@ -23,10 +23,10 @@ from typing import Callable
 
 import torch
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.request import Event, GenerationRequest, check_prompt, hits_stop
-from specgate.engine.sampling import sample_token
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.request import Event, GenerationRequest, check_prompt, hits_stop
+from specgate.decoding.sampling import sample_token
+from specgate.decoding.target import Target
 
 log = logging.getLogger(__name__)
 

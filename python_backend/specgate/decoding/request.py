@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from specgate.engine.sampling import SamplingParams
+from specgate.decoding.sampling import SamplingParams
 from specgate.stats import SpecStats
 
 

@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from specgate.calibration import CalibrationOverride
-from specgate.engine.machine import machine
+from specgate.decoding.machine import machine
 
 Backend = Literal["llamacpp", "torch"]
 DType = Literal["auto", "bfloat16", "float32"]

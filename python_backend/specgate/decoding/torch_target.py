@@ -1,4 +1,4 @@
-"""`Target` over the PyTorch Llama (engine/model.py): the exact reference engine (fp32 by default).
+"""`Target` over the PyTorch Llama (decoding/model.py): the exact reference engine (fp32 by default).
 
 Sequences keep their cache rows packed in physical slots 0..n-1 (a released sequence's hole is
 filled by moving the last one), so a batched decode step reads the cache through a view instead of
@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specgate.engine.model import KVCache, Llama, load_llama
-from specgate.engine.target import Target, TargetInfo
-from specgate.engine.tree import DraftTree
+from specgate.decoding.model import KVCache, Llama, load_llama
+from specgate.decoding.target import Target, TargetInfo
+from specgate.decoding.tree import DraftTree
 
 
 class TorchTarget(Target):

@@ -24,24 +24,24 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
-from specgate.client import META, Chunk, gate_headers
+from specgate_client import META, Chunk, gate_headers
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE
-from specgate.front.schemas import (
+from specgate_front.schemas import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion,
     CompletionChoice, CompletionRequest, Delta, ErrorDetail, ErrorResponse, FinishReason, Model, ModelList, SpecgateMeta, Usage,
     GenerationRequest,
 )
-from specgate.front.stops import StopTrimmer
-from specgate.front.triton import LLM_MODEL, BackendError, Triton
+from specgate_front.stops import StopTrimmer
+from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
-log = logging.getLogger("specgate.front")
+log = logging.getLogger("specgate_front")
 
 META_HEADER_PREFIX = "x-specgate-"
 T = TypeVar("T")
 
 
 def meta_headers(meta: dict[str, Any]) -> dict[str, str]:
-    """`x-specgate-route`, `x-specgate-gate-reason`, ... one header per field of `specgate.client.META`."""
+    """`x-specgate-route`, `x-specgate-gate-reason`, ... one header per field of `specgate_client.META`."""
     return {META_HEADER_PREFIX + k.replace("_", "-"): str(meta[k]) for k in META}
 
 

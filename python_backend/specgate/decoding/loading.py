@@ -6,17 +6,17 @@ from pathlib import Path
 
 import torch
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.target import Target
 
 
 def load_target(cfg: EngineConfig, model: Path, num_slots: int, tree_nodes: int = 0) -> Target:
     """`model` on cfg's backend with `num_slots` sequences; `tree_nodes` > 0 lets it verify draft trees."""
     if cfg.backend == "llamacpp":
-        from specgate.engine.llamacpp_target import LlamaCppTarget
+        from specgate.decoding.llamacpp_target import LlamaCppTarget
 
         return LlamaCppTarget(model, cfg.max_context, num_slots, cfg.threads, tree_nodes)
-    from specgate.engine.torch_target import TorchTarget
+    from specgate.decoding.torch_target import TorchTarget
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specgate.engine.compute_lock import compute_lock
-from specgate.engine.target import Target, TargetInfo
-from specgate.engine.tree import DraftTree
+from specgate.decoding.compute_lock import compute_lock
+from specgate.decoding.target import Target, TargetInfo
+from specgate.decoding.tree import DraftTree
 
 log = logging.getLogger(__name__)
 

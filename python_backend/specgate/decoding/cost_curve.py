@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import time
 
-from specgate.engine.target import Target
-from specgate.engine.tree import DraftTree
+from specgate.decoding.target import Target
+from specgate.decoding.tree import DraftTree
 from specgate.goodput import CostCurve
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # tokens per decode (root + draft nodes)

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgate.engine.config import EngineConfig
-from specgate.engine.request import Event, GenerationRequest, check_prompt
-from specgate.engine.runner import QueueFull
-from specgate.engine.target import Target
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.request import Event, GenerationRequest, check_prompt
+from specgate.decoding.batch_runner import QueueFull
+from specgate.decoding.target import Target
 from specgate.calibration import Calibration, CalibrationOverride
 from specgate.speculative.calibrate import calibrate
 from specgate.speculative.drafter import Drafter
@@ -37,7 +37,7 @@ class _Job:
     emit: Emit
     is_cancelled: Callable[[], bool]
     algorithm: str
-    k: int | None
+    k: int  # the budget cap, resolved at submit
     enqueued: float
 
 
@@ -87,7 +87,7 @@ class SpeculativeRunner:
         or not token ids of the model), run later."""
         if not algorithm:
             raise ValueError("spec_engine needs the speculative_algorithm parameter (the gate's policy holds the default)")
-        self.generator.check(algorithm, k)
+        k = self.generator.check(algorithm, k)  # resolved here, once: the job carries the budget cap
         check_prompt(req, self.cfg.max_context, self.generator.target.info.vocab_size)
         if self._q.qsize() >= self.cfg.max_queue_size:
             raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry later")
@@ -141,7 +141,7 @@ class SpeculativeRunner:
             self._end(job, Event([], finished=True))
             return
         r = job.req
-        stream = self.generator.generate(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words)
+        stream = self.generator.start(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words)
         try:
             final = self._stream(job, stream)
         finally:

@@ -1,7 +1,7 @@
 """The front's only way to the model: the `llm` ensemble over gRPC streaming, with tritonclient's
 asyncio client, plus the tokenizer the served repository names (for the chat template and usage).
 
-The request is built by `specgate.client.grpc_inputs`, so the front sends exactly what every other
+The request is built by `specgate_client.grpc_inputs`, so the front sends exactly what every other
 client sends; the tenant and mode travel as gRPC headers, which Triton forwards to the gate.
 """
 
@@ -18,9 +18,9 @@ import tritonclient.grpc.aio as grpcaio
 from starlette.concurrency import run_in_threadpool
 from tritonclient.utils import InferenceServerException
 
-from specgate.client import Chunk, GenerateParams, grpc_inputs, result_chunk
+from specgate_client import Chunk, GenerateParams, grpc_inputs, result_chunk
 
-log = logging.getLogger("specgate.front")
+log = logging.getLogger("specgate_front")
 
 LLM_MODEL = "llm"
 PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-from specgate.client import GenerateParams
+from specgate_client import GenerateParams
 
 
 class _Strict(BaseModel):
@@ -123,7 +123,7 @@ class CompletionRequest(GenerationRequest):
 
 # -- responses ----------------------------------------------------------------------------------
 class SpecgateMeta(BaseModel):
-    """The gate's per-request outputs (specgate.client.META), as the latest `llm` response had them."""
+    """The gate's per-request outputs (specgate_client.META), as the latest `llm` response had them."""
 
     route: str
     gate_reason: str

@@ -1,5 +1,5 @@
 """Start a real `tritonserver` on the rendered model repository (`make serve`, test fixtures), and the
-OpenAI-compatible front (`specgate.front`) next to it.
+OpenAI-compatible front (`specgate_front`) next to it.
 
 Finds `tritonserver` on PATH (the NGC image) or else the binary bundled in `nvidia-pytriton`, lays out
 a backend directory with the Python backend and the stub for the running Python, and forwards the
@@ -29,11 +29,11 @@ from typing import Iterator
 
 import urllib.request
 
-from specgate.engine.compute_lock import ENV as ENV_COMPUTE_LOCK
+from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate.gate.labels import LABEL_KEY_ENV
 from specgate.secret_file import ensure_secret, read_secret
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 HEADER_PATTERN = "x-.*"
 SECRETS = ROOT / "artifacts" / "secrets"
 LABEL_SECRET = SECRETS / "label.key"  # HMAC key of the gate's tenant metric labels
@@ -101,7 +101,7 @@ def server_env() -> dict[str, str]:
     # No OMP_WAIT_POLICY=PASSIVE: llama.cpp synchronises its threads with OpenMP barriers many times
     # per decode, and passive (sleeping) waits made a decode step 2.7x slower (10.4 -> 28 ms).
     env.setdefault("OMP_NUM_THREADS", "1")
-    # Engines of this machine take turns per decode (engine/compute_lock.py).
+    # Engines of this machine take turns per decode (decoding/compute_lock.py).
     env.setdefault(ENV_COMPUTE_LOCK, str(Path(tempfile.gettempdir()) / "specgate-compute.lock"))
     env[LABEL_KEY_ENV] = str(LABEL_SECRET)
     return env
@@ -200,7 +200,7 @@ def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
     """The OpenAI-compatible front on `ports.front`, a client of the Triton gRPC port `ports.grpc`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
-    cmd = [sys.executable, "-m", "specgate.front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}"]
+    cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}"]
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
 

@@ -1,5 +1,5 @@
-"""`python -m specgate.front`: serve the OpenAI-compatible front with uvicorn. `make serve` starts it
-next to tritonserver (specgate.launcher); run it alone to put it in front of a server started elsewhere."""
+"""`python -m specgate_front`: serve the OpenAI-compatible front with uvicorn. `make serve` starts it
+next to tritonserver (specgate_launcher); run it alone to put it in front of a server started elsewhere."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 
 import uvicorn
 
-from specgate.front.app import create_app
-from specgate.front.triton import LLM_MODEL
+from specgate_front.app import create_app
+from specgate_front.triton import LLM_MODEL
 
 
 def main() -> None:

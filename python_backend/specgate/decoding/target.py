@@ -1,8 +1,8 @@
 """The target model behind both runners: a causal LM with a KV cache of `num_slots` sequences.
 
 Two implementations speak this interface:
-- `LlamaCppTarget` (engine/llamacpp_target.py): llama.cpp over the GGUF, the CPU default;
-- `TorchTarget` (engine/torch_target.py): the PyTorch engine, the exact fp32 reference.
+- `LlamaCppTarget` (decoding/llamacpp_target.py): llama.cpp over the GGUF, the CPU default;
+- `TorchTarget` (decoding/torch_target.py): the PyTorch engine, the exact fp32 reference.
 
 The batching runner calls `forward` (each sequence's next token, or a prompt chunk); the speculative
 generator calls `prefill`, `verify` (root + a draft tree in one pass) and `commit` (keep the accepted
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from specgate.engine.tree import DraftTree
+from specgate.decoding.tree import DraftTree
 
 
 @dataclass(frozen=True)

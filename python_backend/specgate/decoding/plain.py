@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specgate.engine.sampling import SamplingParams, sample_token
-from specgate.engine.target import Target
+from specgate.decoding.sampling import SamplingParams, sample_token
+from specgate.decoding.target import Target
 
 
 def plain_decode(

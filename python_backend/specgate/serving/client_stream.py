@@ -1,0 +1,57 @@
+"""The client-facing stream of one request through spec_gate: what postprocessing and the client see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from specgate.contract import REQUEST_KEY_TENSOR
+from specgate.serving.triton_io import FINAL, tensor
+from specgate.stats import SpecStats
+
+
+class ClientStream:
+    """Cumulative ids for postprocessing, the route, its reason and the draft statistics. Every
+    response carries the request's key, which postprocessing sends back if the client cancels."""
+
+    def __init__(self, sender: Any, stream: bool, route: str, reason: str, key: int) -> None:
+        self.sender, self.stream = sender, stream
+        self.route, self.reason = route, reason
+        self.key = key
+        self.ids: list[int] = []
+        self.prev = 0
+        self.stats = SpecStats()
+
+    def send(self, tokens: list[int], stats: SpecStats) -> None:
+        self.ids += tokens
+        self.stats = stats
+        if self.stream and len(self.ids) > self.prev:
+            self.sender.send(self._response(False))
+            self.prev = len(self.ids)
+
+    def finish(self) -> None:
+        self.sender.send(self._response(True), flags=FINAL)
+
+    def fail(self, error: Any) -> None:
+        """Send `error` (an error response from triton_io) as the final response."""
+        self.sender.send(error, flags=FINAL)
+
+    def _response(self, final: bool) -> Any:
+        s = self.stats
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                tensor("output_ids", self.ids, np.int32),
+                tensor("prev_output_length", [self.prev], np.int32),
+                tensor("is_final", [final], np.bool_),
+                tensor("route", [self.route.encode()], np.object_),
+                tensor("gate_reason", [self.reason.encode()], np.object_),
+                tensor("num_draft_tokens", [s.draft_tokens], np.int32),
+                tensor("num_accepted_tokens", [s.accepted_tokens], np.int32),
+                tensor("acceptance_rate", [s.acceptance_rate], np.float32),
+                tensor("num_output_tokens", [len(self.ids)], np.int32),
+                tensor("draft_budget", [s.draft_budget], np.int32),
+                tensor(REQUEST_KEY_TENSOR, [self.key], np.int64),
+            ]
+        )

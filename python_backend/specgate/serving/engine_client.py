@@ -1,0 +1,185 @@
+"""spec_gate's calls to the engine models over BLS: generation requests, and control messages.
+
+One generation request streams its new tokens to a callback and ends with the engine's draft
+statistics. Errors are sorted for the gate: InvalidInput for the client's mistakes, EngineFailure
+for the engine's (the gate falls back), HandedOver when spec_engine stopped the request at the
+gate's request, Cancelled when the client went away (after telling the engine to stop too).
+
+CPU engines (`extensions`) also answer control messages (contract.PARAM_*): cancel a request by
+key, ping, hand over. tensorrtllm runs in no Python stub and understands none of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from specgate.contract import (
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING,
+    PARAM_REQUEST_KEY, engine_inputs,
+)
+from specgate.errors import InvalidInput
+from specgate.gate import Decision
+from specgate.serving.bls import Cancelled, EngineFailure, responses
+from specgate.serving.llm_request import LLMRequest
+from specgate.stats import SpecStats
+
+log = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 10.0  # an engine answers a control message at once; silence this long: it is gone
+
+
+class HandedOver(Exception):
+    """spec_engine stopped the request early, as the gate asked: continue it on the baseline."""
+
+
+def _out(resp: Any, name: str) -> np.ndarray | None:
+    t = pb_utils.get_output_tensor_by_name(resp, name)
+    return None if t is None else t.as_numpy()
+
+
+def _stats(resp: Any, last: SpecStats) -> SpecStats:
+    """Cumulative draft statistics from an engine response; engines may omit them on some responses."""
+    drafted, accepted = _out(resp, "total_draft_tokens"), _out(resp, "total_accepted_draft_tokens")
+    if drafted is None or accepted is None:
+        return last
+    drafts, per_pos, budget = _out(resp, "num_drafts"), _out(resp, "accepted_per_position"), _out(resp, "draft_budget")
+    return SpecStats(
+        num_drafts=0 if drafts is None else int(drafts.reshape(-1)[0]),
+        draft_tokens=int(drafted.reshape(-1)[0]),
+        accepted_tokens=int(accepted.reshape(-1)[0]),
+        accepted_per_position=[] if per_pos is None else [int(x) for x in per_pos.reshape(-1) if x > 0],
+        draft_budget=-1 if budget is None else int(budget.reshape(-1)[0]),
+    )
+
+
+def _bls_request(engine: str, arrays: dict[str, np.ndarray], outputs: list[str], params: dict[str, Any]) -> Any:
+    """A BLS request to an engine model from `contract.engine_inputs` arrays."""
+    inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
+    return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=outputs, parameters=params)
+
+
+class EngineClient:
+    def __init__(self, end_id: int, extensions: bool, stall_timeout_s: Callable[[], float]) -> None:
+        self.end_id, self.extensions, self.stall_timeout_s = end_id, extensions, stall_timeout_s
+        self.outputs = [t.name for t in ENGINE_OUTPUTS] + ([t.name for t in ENGINE_EXTENSIONS] if extensions else [])
+        self._lock = threading.Lock()
+        self._speculating = 0  # requests (and mirrors) now on spec_engine
+        self._handing_over = threading.Lock()  # at most one hand-over message in flight
+
+    @property
+    def speculating(self) -> int:
+        return self._speculating
+
+    def run(
+        self,
+        engine: str,
+        llm: LLMRequest,
+        d: Decision,
+        ids: list[int],
+        stops: np.ndarray | None,
+        on_tokens: Callable[[list[int], SpecStats], None],
+        cancel: threading.Event,
+        already: int = 0,
+        stream: bool | None = None,
+    ) -> SpecStats:
+        """Run one engine request for the rest of `llm`'s max_tokens (`already` emitted), passing
+        each response's new tokens on; returns the final stats. Raises as the module doc says."""
+        remaining = llm.max_tokens - already
+        stats = SpecStats()
+        if remaining <= 0:
+            return stats
+        key = secrets.token_hex(8) if self.extensions else None
+        req = self._request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key)
+        speculative = engine == "spec_engine"
+        stall_s = self.stall_timeout_s() if speculative else None
+        probe = (lambda: self.control(engine, {PARAM_PING: True})) if self.extensions else None
+        handed_over = False
+        if speculative:
+            self._count_speculating(+1)
+        try:
+            for batch in responses(req, engine, stall_s, cancel, probe):
+                tokens: list[int] = []
+                for resp in batch:
+                    if resp.has_error():
+                        err = resp.error()
+                        code = err.code() if hasattr(err, "code") else None
+                        # The gate validated every client-facing knob already, so spec_engine refusing a
+                        # request (e.g. an algorithm it has not loaded) is a deployment fault: fall back.
+                        if code == pb_utils.TritonError.INVALID_ARG and engine == "target_engine":
+                            raise InvalidInput(err.message())
+                        raise EngineFailure(f"{engine}: {err.message()}")
+                    out = _out(resp, "output_ids")
+                    if out is None:  # the flag-only final response
+                        continue
+                    stats = _stats(resp, stats)
+                    tokens += [int(t) for t in out.reshape(-1)]
+                    flag = _out(resp, "handed_over")
+                    handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
+                on_tokens(tokens, stats)
+        except Cancelled:
+            if key is not None:
+                self._stop(engine, key)
+            raise
+        except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
+            raise EngineFailure(f"{engine}: {exc}") from exc
+        finally:
+            if speculative:
+                self._count_speculating(-1)
+        if handed_over:
+            raise HandedOver()
+        return stats
+
+    def control(self, engine: str, params: dict[str, Any]) -> None:
+        """Send `engine` a control message (contract.PARAM_*); EngineFailure unless it answers in time."""
+        arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
+        req = _bls_request(engine, arrays, ["output_ids"], params)
+        try:
+            for batch in responses(req, engine, CONTROL_TIMEOUT_S):
+                for resp in batch:
+                    if resp.has_error():
+                        raise EngineFailure(f"{engine} is not answering: {resp.error().message()}")
+        except pb_utils.TritonModelException as exc:
+            raise EngineFailure(f"{engine} is not answering: {exc}") from exc
+
+    def hand_over(self) -> None:
+        """Ask spec_engine to hand every running or queued request over to the baseline."""
+        if not self._handing_over.acquire(blocking=False):
+            return  # one is on its way; a later load decision sends the next
+        try:
+            self.control("spec_engine", {PARAM_HAND_OVER: True})
+        except EngineFailure as exc:  # the requests then simply finish on spec_engine
+            log.warning("hand-over to the baseline failed: %s", exc)
+        finally:
+            self._handing_over.release()
+
+    def _request(
+        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None
+    ) -> Any:
+        arrays = engine_inputs(
+            ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
+            seed=llm.seed, streaming=stream, stop_words=stops,
+        )
+        params: dict[str, Any] = {}
+        if key is not None:
+            params[PARAM_REQUEST_KEY] = key
+        if engine == "spec_engine":
+            params[PARAM_ALGORITHM] = d.algorithm
+            if d.num_speculative_tokens is not None:  # else the engine's default for the algorithm
+                params[PARAM_NUM_SPEC_TOKENS] = int(d.num_speculative_tokens)
+        return _bls_request(engine, arrays, self.outputs, params)
+
+    def _stop(self, engine: str, key: str) -> None:
+        try:
+            self.control(engine, {PARAM_CANCEL: key})
+        except EngineFailure as exc:  # it then runs to its end, unread
+            log.warning("could not cancel a %s request: %s", engine, exc)
+
+    def _count_speculating(self, delta: int) -> None:
+        with self._lock:
+            self._speculating += delta
