@@ -8,6 +8,10 @@ Two numbers, both against the target's greedy output (bf16, the project's own Ll
   position at once, using a block mask instead of a cache.
 
     python -m build.eval_eagle --head heads/smollm2-135m-eagle --prompts 40
+
+`--engines torch,llamacpp` measures tau instead through the served engines (their own features,
+kernels and weights: the GGUF's Q4_1 for llama.cpp), to check that the head trained on the torch
+engine's bf16 features keeps its acceptance there.
 """
 
 from __future__ import annotations
@@ -23,8 +27,13 @@ from tqdm import tqdm
 from build import eagle_data
 from build.eagle_data import CHECKPOINT
 from build.eagle_features import target_features
+from build.fetch_model import fetch_gguf
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.loading import load_target
 from specgate.decoding.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, greedy_chain, load_eagle_head
+from specgate.speculative.generator import SpeculativeGenerator
+from specgate.speculative.registry import build_drafters
 
 
 @torch.inference_mode()
@@ -67,12 +76,7 @@ def teacher_forced(head: EagleHead, feats: torch.Tensor, ids: list[int], greedy:
     return res
 
 
-def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int, k: int = 5, max_new: int = 128, threads: int = 1) -> dict:
-    torch.set_num_threads(threads)
-    tok = eagle_data.load_tokenizer(checkpoint)
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    target = load_llama(checkpoint, torch.bfloat16, 1024).requires_grad_(False)
-    head = load_eagle_head(head_dir, target.embed.weight, target.lm_head.weight, torch.bfloat16)
+def heldout_prompts(tok, convs: list[dict], n_prompts: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
     prompts = []
     for i in eagle_data.split_indices(convs, heldout=True):
         ids = eagle_data.prompt_ids(tok, convs[i], 384)
@@ -80,6 +84,16 @@ def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int
             prompts.append(ids)
         if len(prompts) == n_prompts:
             break
+    return prompts
+
+
+def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int, k: int = 5, max_new: int = 128, threads: int = 1) -> dict:
+    torch.set_num_threads(threads)
+    tok = eagle_data.load_tokenizer(checkpoint)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    target = load_llama(checkpoint, torch.bfloat16, 1024).requires_grad_(False)
+    head = load_eagle_head(head_dir, target.embed.weight, target.lm_head.weight, torch.bfloat16)
+    prompts = heldout_prompts(tok, convs, n_prompts)
     steps: list[int] = []
     tf = [[0, 0] for _ in range(k)]
     in_vocab = torch.zeros(target.cfg.vocab_size, dtype=torch.bool)
@@ -109,6 +123,23 @@ def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int
         "draft_vocab_coverage": covered / max(total, 1),
         "eval_minutes": (time.time() - t0) / 60,
     }
+
+
+def served_tau(cfg: EngineConfig, prompts: list[list[int]], k: int, max_new: int, eos: int) -> dict:
+    """tau of the served `eagle` drafter, drafting k every step (no cost curve), on cfg's engine."""
+    target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=k)
+    gen = SpeculativeGenerator(target, build_drafters(target, cfg))
+    drafts = accepted = 0
+    per_pos = [0] * k
+    for prompt in tqdm(prompts, desc=f"{cfg.backend} prompts"):
+        stream = gen.generate(prompt, max_new, algorithm="eagle", k=k, end_id=eos)
+        for _ in stream:
+            pass
+        drafts, accepted = drafts + stream.stats.num_drafts, accepted + stream.stats.accepted_tokens
+        for d, n in enumerate(stream.stats.accepted_per_position):
+            per_pos[d] += n
+    return {"engine": f"{cfg.backend} ({target.info.dtype})", "steps": drafts, "tau": 1 + accepted / max(drafts, 1),
+            "chain_accept_per_pos": [n / max(drafts, 1) for n in per_pos]}
 
 
 def write_card(path: Path, state: dict, report: dict) -> None:
@@ -192,9 +223,19 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
+    ap.add_argument("--engines", default="", help="comma-separated backends (torch, llamacpp) to measure tau through instead")
     a = ap.parse_args()
-    r = evaluate(a.checkpoint, a.head, eagle_data.load_sharegpt(), a.prompts, a.k, a.max_new, a.threads)
-    print(r)
+    if not a.engines:
+        print(evaluate(a.checkpoint, a.head, eagle_data.load_sharegpt(), a.prompts, a.k, a.max_new, a.threads))
+        return
+    tok = eagle_data.load_tokenizer(a.checkpoint)
+    prompts = heldout_prompts(tok, eagle_data.load_sharegpt(), a.prompts)
+    models = {"torch": a.checkpoint, "llamacpp": fetch_gguf(Path("artifacts/downloads"))}
+    print(f"| engine | steps | tau | drafts reaching position 1..{a.k} |\n|---|---|---|---|")
+    for backend in a.engines.split(","):
+        cfg = EngineConfig(backend=backend, model=models[backend], num_threads=a.threads, eagle_head_dir=a.head)
+        r = served_tau(cfg, prompts, a.k, a.max_new, tok.convert_tokens_to_ids("<|im_end|>"))
+        print(f"| {r['engine']} | {r['steps']} | {r['tau']:.3f} | {' / '.join(f'{x:.3f}' for x in r['chain_accept_per_pos'])} |", flush=True)
 
 
 if __name__ == "__main__":
