@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specgate import launcher
+import specgate_launcher as launcher
 from specgate.secret_file import ensure_secret, read_secret
 
 
