@@ -94,7 +94,7 @@ class SpeculativeGenerator:
             raise ValueError(f"prompt length {len(prompt_ids)} must be in [1, {self.max_len - 1}]")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        return self.start(prompt_ids, max_new_tokens, params or SamplingParams(), algorithm, k, end_id, stop_words)
+        return self.start(prompt_ids, max_new_tokens, params or SamplingParams(), algorithm, k, end_id, stop_words or [])
 
     def start(
         self,
