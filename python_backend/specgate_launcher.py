@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import urllib.request
 
@@ -180,20 +180,27 @@ def start(
 
 
 @contextmanager
-def running(repo: Path, ports: Ports, log_file: Path) -> Iterator[subprocess.Popen]:
-    """A ready tritonserver on `ports` (benchmarks, test fixtures), stopped with its stubs on exit.
-    If it never becomes ready, the tail of its log is printed before the error propagates."""
-    proc = start(repo, ports, log_file=log_file)
+def _ready(proc: subprocess.Popen, wait: Callable[[], None], log_file: Path) -> Iterator[subprocess.Popen]:
+    """`proc` once `wait` returns, stopped with its process group on exit. If it never becomes ready,
+    the tail of its log is printed before the error propagates."""
     try:
-        print(f"[launcher] starting tritonserver on :{ports.http} (log {log_file}) ...", flush=True)
         try:
-            wait_ready(proc, ports)
+            wait()
         except Exception:
             print(log_file.read_text()[-5000:], flush=True)
             raise
         yield proc
     finally:
         stop(proc)
+
+
+@contextmanager
+def running(repo: Path, ports: Ports, log_file: Path) -> Iterator[subprocess.Popen]:
+    """A ready tritonserver on `ports` (benchmarks, test fixtures), stopped with its stubs on exit."""
+    print(f"[launcher] starting tritonserver on :{ports.http} (log {log_file}) ...", flush=True)
+    proc = start(repo, ports, log_file=log_file)
+    with _ready(proc, lambda: wait_ready(proc, ports), log_file):
+        yield proc
 
 
 def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
@@ -213,15 +220,8 @@ def wait_front_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 12
 def running_front(ports: Ports, log_file: Path) -> Iterator[subprocess.Popen]:
     """A ready front on `ports.front` for a Triton already serving on `ports.grpc` (tests, benchmarks)."""
     proc = start_front(ports, log_file)
-    try:
-        try:
-            wait_front_ready(proc, ports)
-        except Exception:
-            print(log_file.read_text()[-5000:], flush=True)
-            raise
+    with _ready(proc, lambda: wait_front_ready(proc, ports), log_file):
         yield proc
-    finally:
-        stop(proc)
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:

@@ -43,6 +43,7 @@ from specgate.serving.bls import Cancelled, EngineFailure
 from specgate.serving.client_stream import ClientStream
 from specgate.serving.engine_client import EngineClient, HandedOver
 from specgate.serving.gate_parsing import parse_gate_request, prompt_ids, stop_words
+from specgate.serving.live_requests import LiveRequests
 from specgate.serving.llm_request import LLMRequest
 from specgate.serving.shadow import Shadow
 from specgate.serving.triton_io import FINAL, cancelled_response, error_response, request_parameters, unavailable_response
@@ -53,6 +54,14 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger(__name__)
 
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
+
+
+class _CancelFlag(threading.Event):
+    """Set when the request's client cancelled: what EngineClient.run watches, and what
+    LiveRequests cancels by key."""
+
+    def cancel(self) -> None:
+        self.set()
 
 
 class GateModel:
@@ -69,8 +78,7 @@ class GateModel:
         # One thread per admitted or queued request (the admission queue bounds them), plus the
         # hand-over message; threads start only as needed.
         self.pool = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CAP + MAX_QUEUED_CAP + 1, thread_name_prefix="gate")
-        self._lock = threading.Lock()
-        self._live: dict[int, threading.Event] = {}  # request key -> set when its client cancelled
+        self.live = LiveRequests()  # request key -> its cancel flag
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -111,9 +119,8 @@ class GateModel:
     def _serve(self, sender: Any, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None, ticket: Ticket) -> None:
         key = secrets.randbits(63)
         out = ClientStream(sender, llm.stream, d.route, d.reason, key)
-        cancel = threading.Event()
-        with self._lock:
-            self._live[key] = cancel
+        cancel = _CancelFlag()
+        self.live.add(str(key), cancel)
         try:
             try:
                 self.gate.admission.wait(ticket)
@@ -137,8 +144,7 @@ class GateModel:
             log.exception("gate failed")
             out.fail(error_response(f"gate error: {exc}", invalid_arg=False))
         finally:
-            with self._lock:
-                del self._live[key]
+            self.live.discard(str(key))
             self.gate.admission.leave(ticket)
             self.gate.finish(d)
 
@@ -188,7 +194,4 @@ class GateModel:
             key = int(key)
         except (TypeError, ValueError):
             return
-        with self._lock:
-            cancel = self._live.get(key)
-        if cancel is not None:
-            cancel.set()
+        self.live.cancel(str(key))
