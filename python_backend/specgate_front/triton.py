@@ -28,7 +28,7 @@ PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
 # How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
 # the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
 # only others are the gate's own ("gate error: ...") and the engines' failures, which the gate reports
-# as "<engine>: ..." (serving/gate_model.py). So a model error is the client's (400) unless it starts so.
+# as "<engine>: ..." (serving/engine_client.py). So a model error is the client's (400) unless it starts so.
 _SERVER_FAULT_PREFIXES = ("gate error:", "spec_engine:", "target_engine:")
 # Triton's own answers while `llm` is not loaded or not ready
 _UNAVAILABLE_MARKERS = ("unknown model", "is not ready", "unavailable")

@@ -77,7 +77,7 @@ class PostprocessingModel:
 
     @staticmethod
     def _cancel_gate(key: int) -> None:
-        """Tell spec_gate that the client of its request `key` cancelled (gate_model: _cancel)."""
+        """Tell spec_gate that the client of its request `key` cancelled (GateModel._cancel)."""
         ids = pb_utils.Tensor("input_ids", np.zeros(1, np.int32))
         lengths = pb_utils.Tensor("input_lengths", np.ones(1, np.int32))
         req = pb_utils.InferenceRequest(
