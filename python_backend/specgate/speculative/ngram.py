@@ -18,7 +18,13 @@ class NgramDrafter(Drafter):
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
         super().begin(prompt_ids, params, gen)
-        self._memo: tuple[int, tuple[int, int]] = (-1, (0, 0))  # (len(tokens), match): tokens only grow within a request
+        # Every n-gram (min_n..max_n tokens) that ends before the last token -> its latest start.
+        # Kept up to date as tokens grow (they only grow within a request), so a lookup costs the
+        # same at any context length: a scan of the whole context cost up to 0.3 ms a step at 600
+        # tokens, 4% of a llama.cpp decode step.
+        self._latest: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending at positions < this are in _latest
+        self._memo: tuple[int, tuple[int, int]] = (-1, (0, 0))  # (len(tokens), match)
 
     def context(self, tokens: list[int]) -> int:
         """The length of the matched suffix (0: no match): a longer one predicts far better."""
@@ -33,10 +39,13 @@ class NgramDrafter(Drafter):
         (recent text is the better predictor; the suffix itself is excluded); (0, 0) if none."""
         if self._memo[0] == len(tokens):  # context() then propose() on the same tokens
             return self._memo[1]
+        for end in range(self._indexed, len(tokens) - 1):  # n-grams ending before the last token
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                self._latest[tuple(tokens[end - n + 1 : end + 1])] = end - n + 1
+        self._indexed = max(self._indexed, len(tokens) - 1)
         found = (0, 0)
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
-            tail = tokens[-n:]
-            start = next((s for s in range(len(tokens) - n - 1, -1, -1) if tokens[s : s + n] == tail), None)
+            start = self._latest.get(tuple(tokens[-n:]))
             if start is not None:
                 found = (n, start)
                 break
