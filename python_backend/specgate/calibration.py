@@ -46,6 +46,7 @@ class Calibration(BaseModel):
     curve: CostCurve
     algorithms: dict[str, AlgorithmCalibration]
     measured_at: str
+    refined_at: str | None = None  # when the engine last corrected it from its own decodes (refined)
 
     @classmethod
     def build(cls, curve: CostCurve, draft_ms: dict[str, float], pinned: set[str], **info: object) -> "Calibration":
@@ -57,6 +58,14 @@ class Calibration(BaseModel):
                 draft_ms=ms, pinned=name in pinned, break_even_alpha=break_even_alpha(curve, cost, spec.default_k, spec.max_depth)
             )
         return cls(curve=curve, algorithms=algos, **info)  # type: ignore[arg-type]
+
+    def refined(self, curve: CostCurve, draft_ms: dict[str, float], at: str) -> "Calibration":
+        """This calibration with the curve and drafting times the engine has since observed (pinned
+        drafting times stay as they were)."""
+        ms = {name: a.draft_ms if a.pinned else draft_ms.get(name, a.draft_ms) for name, a in self.algorithms.items()}
+        pinned = {name for name, a in self.algorithms.items() if a.pinned}
+        info = self.model_dump(include={"backend", "dtype", "threads", "measured_at"})
+        return Calibration.build(curve, ms, pinned, **info, machine=self.machine, refined_at=at)
 
     def draft_cost(self, algorithm: str) -> DraftCost:
         a = self.algorithms[algorithm]
@@ -75,7 +84,8 @@ class Calibration(BaseModel):
     def summary(self) -> str:
         lines = [
             f"calibration on {self.machine.line()}; {self.backend} {self.dtype}, {self.threads} threads",
-            f"  verify cost (tokens:ms): {self.curve.table()}" + ("" if self.curve.measured else " (injected)"),
+            f"  verify cost (tokens:ms): {self.curve.table()}" + ("" if self.curve.measured else " (injected)")
+            + ("" if self.refined_at is None else f" (refined from served decodes, {self.refined_at})"),
         ]
         for name, a in self.algorithms.items():
             spec = ALGORITHMS[name]

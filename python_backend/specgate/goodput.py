@@ -26,7 +26,9 @@ is drafted at all.
 from __future__ import annotations
 
 import bisect
+import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -51,14 +53,7 @@ class CostCurve(BaseModel):
 
     def cost(self, t: int) -> float:
         """Milliseconds for a decode of `t` tokens: piecewise linear, extended linearly past the last point."""
-        xs, ys = self.tokens, self.ms
-        if len(xs) == 1:  # one point: assume every token costs the same
-            return ys[0] * max(t, 1)
-        if t <= 1:
-            return ys[0]
-        i = min(bisect.bisect_left(xs, t), len(xs) - 1)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+        return interpolate(self.tokens, self.ms, t)
 
     def ratio(self, t: int) -> float:
         return self.cost(t) / self.cost(1)
@@ -73,6 +68,23 @@ class CostCurve(BaseModel):
         return cls(tokens=tokens, ms=[base_ms * ratios[t] for t in tokens], measured=False)
 
 
+def interpolate(xs: list[int], ys: list[float], t: int) -> float:
+    """Piecewise linear through (xs, ys), xs increasing from 1, extended linearly past the last point."""
+    if len(xs) == 1:  # one point: assume every token costs the same
+        return ys[0] * max(t, 1)
+    if t <= 1:
+        return ys[0]
+    i = min(bisect.bisect_left(xs, t), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+
+
+class Costs(Protocol):
+    """What the budget controller reads: a measured CostCurve, or the engine's LiveCurve."""
+
+    def cost(self, t: int) -> float: ...
+
+
 @dataclass
 class Acceptance:
     """Running per-position acceptance: hits[i] / tries[i] for position i+1, shrunk towards a prior.
@@ -83,12 +95,27 @@ class Acceptance:
     prior: list[float]  # a_i before any observation
     hits: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
+    # pseudo-observations behind prior[i] (PRIOR_WEIGHT where missing): a request starting from what
+    # the engine has seen counts that evidence, so its draws (`rates`) are as sure as the engine is
+    weight: list[float] = field(default_factory=list)
+
+    def _counts(self, i: int) -> tuple[float, float]:
+        """(accepted, rejected) at position i+1, prior included: the Beta posterior's parameters."""
+        p = self.prior[min(i, len(self.prior) - 1)]
+        w = self.weight[min(i, len(self.weight) - 1)] if self.weight else PRIOR_WEIGHT
+        h, t = (self.hits[i], self.tries[i]) if i < len(self.tries) else (0.0, 0.0)
+        return h + w * p, (t - h) + w * (1 - p)
 
     def rate(self, i: int) -> float:
-        """a_{i+1}: acceptance at position i+1 given position i was accepted."""
-        p = self.prior[min(i, len(self.prior) - 1)]
-        h, t = (self.hits[i], self.tries[i]) if i < len(self.tries) else (0.0, 0.0)
-        return (h + PRIOR_WEIGHT * p) / (t + PRIOR_WEIGHT)
+        """a_{i+1}: acceptance at position i+1 given position i was accepted (the posterior mean)."""
+        a, b = self._counts(i)
+        return a / (a + b)
+
+    def rates(self, depth: int, rng: random.Random | None = None) -> list[float]:
+        """a_1..a_depth: the posterior means, or with `rng` one draw from each position's Beta posterior."""
+        if rng is None:
+            return [self.rate(i) for i in range(depth)]
+        return [rng.betavariate(*(max(c, 1e-3) for c in self._counts(i))) for i in range(depth)]
 
     def record(self, depth: int, accepted: int) -> None:
         """One verified draft whose deepest node was at `depth`, with `accepted` positions accepted."""
@@ -100,11 +127,11 @@ class Acceptance:
             self.tries[i] += 1
             self.hits[i] += i < accepted
 
-    def expected(self, depth: int) -> list[float]:
-        """E[accepted] for drafts reaching depth 0..`depth`."""
+    def expected(self, depth: int, rng: random.Random | None = None) -> list[float]:
+        """E[accepted] for drafts reaching depth 0..`depth` (at one posterior draw, given `rng`)."""
         out, reach, total = [0.0], 1.0, 0.0
-        for i in range(depth):
-            reach *= self.rate(i)
+        for a in self.rates(depth, rng):
+            reach *= a
             total += reach
             out.append(total)
         return out
@@ -135,15 +162,23 @@ class DraftCost:
         return 0.0 if n == 0 else self.ms * (n if self.per_node else 1)
 
 
-def choose_budget(curve: CostCurve, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, max_depth: int | None) -> int:
+def choose_budget(
+    curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, max_depth: int | None, rng: random.Random | None = None
+) -> int:
     """The budget in [0, max_budget] with the highest expected goodput.
+
+    With `rng`, at one draw of the acceptance from its posterior (Thompson sampling) instead of its
+    mean: a drafter context the engine knows little about is then tried now and then, and only
+    drafts that are made teach the acceptance and the live cost curve anything. As evidence builds
+    up, the draws concentrate and the choice becomes the greedy one; output tokens are the same
+    either way (verification is lossless whatever the budget).
 
     A tie between drafting budgets goes to the larger one: a tree's nodes past its depth add
     candidates at each depth, which this model does not credit, and they cost nothing when the curve
     says so. Drafting at all must pay strictly more than a plain step.
     """
     depth_of = (lambda n: n) if max_depth is None else (lambda n: min(n, max_depth))
-    expected = acceptance.expected(depth_of(max_budget))
+    expected = acceptance.expected(depth_of(max_budget), rng)
     plain = 1.0 / curve.cost(1)
     best, best_goodput = 0, plain
     for n in range(1, max_budget + 1):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
 
 from specgate.goodput import (
@@ -61,3 +64,33 @@ def test_speedup_break_even_and_rate_conversions() -> None:
     assert break_even_alpha(LINEAR, FREE, 5, None) is None  # never pays
     for alpha in (0.2, 0.5, 0.8):
         assert alpha_of_rate(rate_of_alpha(alpha, 5), 5) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_draws_spread_with_little_evidence_and_concentrate_with_much() -> None:
+    rng = random.Random(0)
+    unsure = Acceptance(prior=[0.6])
+    sure = Acceptance(prior=[0.6], weight=[400.0])
+    spread_unsure = statistics.pstdev(unsure.rates(1, rng)[0] for _ in range(2000))
+    spread_sure = statistics.pstdev(sure.rates(1, rng)[0] for _ in range(2000))
+    assert 0.12 < spread_unsure < 0.22 and spread_sure < 0.03
+    assert statistics.mean(unsure.rates(1, rng)[0] for _ in range(4000)) == pytest.approx(0.6, abs=0.02)  # unbiased
+    assert unsure.rates(3) == [unsure.rate(0)] * 3  # without rng: the posterior means
+
+
+def test_sampled_budgets_explore_what_the_mean_rejects_and_stop_once_sure() -> None:
+    curve = CostCurve(tokens=[1, 2, 4, 8], ms=[10.0, 20.0, 28.0, 46.0])  # steep: drafting pays above ~0.75
+    rng = random.Random(1)
+    unsure = Acceptance(prior=[0.6])
+    assert choose_budget(curve, unsure, FREE, 5, None) == 0  # greedy: never tries
+    tried = sum(choose_budget(curve, unsure, FREE, 5, None, rng) > 0 for _ in range(1000))
+    assert 20 < tried < 500, tried
+    sure = Acceptance(prior=[0.6], weight=[400.0])
+    assert sum(choose_budget(curve, sure, FREE, 5, None, rng) > 0 for _ in range(1000)) < 5
+
+
+def test_no_draw_makes_a_linear_curve_pay_or_a_flat_one_stop() -> None:
+    rng = random.Random(2)
+    for alpha in (0.2, 0.6, 0.95):
+        acc = Acceptance(prior=[alpha])
+        assert all(choose_budget(LINEAR, acc, FREE, 16, None, rng) == 0 for _ in range(200))
+        assert all(choose_budget(FLAT, acc, FREE, 16, None, rng) == 16 for _ in range(200))

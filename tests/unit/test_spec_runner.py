@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from specgate.calibration import Calibration
 from specgate.decoding.config import EngineConfig
+from specgate.decoding.machine import machine
 from specgate.decoding.model import Llama, load_llama
 from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.plain import greedy_decode
 from specgate.decoding.torch_target import TorchTarget
+from specgate.goodput import CostCurve
 from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
@@ -155,3 +158,24 @@ def test_a_request_cancelled_while_it_waits_never_starts(runner, prompts, refere
     assert waiting.done.wait(120) and running.done.wait(120)
     assert waiting.tokens == [] and waiting.final.error is None and waiting.final.stats is None  # no prefill, no step
     assert running.tokens == reference[0]
+
+
+def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, model: Llama, prompts: list[list[int]]) -> None:
+    """A measured calibration 20x too slow: after one request the runner publishes the curve its
+    decodes taught it (the gauge and the gate read what it publishes), keeping when it was measured."""
+    published: list[Calibration] = []
+    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append, calibrated=False)
+    try:
+        slow = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])
+        r.calibration = Calibration.build(slow, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
+        r.generator.set_curve(slow)
+        done = Collect()
+        r.submit(_greedy(prompts[0]), done, algorithm="ngram")
+        assert done.done.wait(300) and done.final.error is None
+    finally:
+        r.shutdown()
+    assert published, "nothing republished after the decodes contradicted the calibration"
+    learned = published[-1]
+    assert learned.refined_at is not None and learned.measured_at == "then"
+    assert learned.curve.cost(1) < 0.5 * slow.cost(1), learned.curve.table()

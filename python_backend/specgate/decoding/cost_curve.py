@@ -9,7 +9,7 @@ measures its own curve at load, and the budget controller and the gate read it.
 from __future__ import annotations
 
 import random
-import time
+import statistics
 
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
@@ -19,28 +19,36 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # tokens per decode (root + draft no
 
 
 def measure(target: Target, slot: int, sizes: tuple[int, ...] = SIZES, context: int = 256, reps: int = 5, seed: int = 0) -> CostCurve:
-    """Time one verification decode of each size (root + a chain) on `slot`, which is left released.
+    """The median compute time of one verification decode of each size, as the engine pays for it.
 
-    Sizes are interleaved within each repetition so that machine noise spreads over all of them, and
-    each size keeps its fastest time: other work on the machine (other models loading at start-up)
-    only ever adds time. Each decode is committed as the root alone, so the context grows by one
-    token per decode.
+    Every decode runs at `context` cached tokens (each is rolled back after). A T-token decode is
+    timed between plain one-token steps, the pattern of a request that drafts now and then, and is
+    charged what it makes the plain step after it cost above a steady plain step: llama.cpp reuses
+    its compute graph only while the batch shape stays the same (specgate/live_curve.py counts the
+    same way when serving). Sizes are interleaved within each repetition so that machine noise
+    spreads over all of them; `slot` is left released.
     """
     rng = random.Random(seed)
     vocab = target.info.vocab_size
-    context = min(context, target.info.max_context - max(sizes) - reps * len(sizes) - 1)
-    times: dict[int, list[float]] = {t: [] for t in sizes}
+    context = min(context, target.info.max_context - max(sizes) - 1)
+
+    def decode(t: int) -> float:
+        target.verify(slot, rng.randrange(vocab), DraftTree.chain([rng.randrange(vocab) for _ in range(t - 1)]), features=False)
+        target.commit(slot, [0])
+        target.truncate(slot, context)
+        return target.last_verify_ms
+
+    samples: dict[int, list[float]] = {t: [] for t in sizes}
     try:
         target.prefill(slot, [rng.randrange(vocab) for _ in range(context)], features=False)
         for rep in range(reps + 1):  # the first repetition warms caches and allocations, not counted
             for t in sizes:
-                tree = DraftTree.chain([rng.randrange(vocab) for _ in range(t - 1)])
-                start = time.perf_counter()
-                target.verify(slot, rng.randrange(vocab), tree, features=False)
-                elapsed = time.perf_counter() - start
-                target.commit(slot, [0])
+                decode(1)  # back on the plain step's graph
+                plain = decode(1)
+                draft = decode(t)
+                after = decode(1)
                 if rep:
-                    times[t].append(1000 * elapsed)
+                    samples[t].append(plain if t == 1 else draft + after - plain)
     finally:
         target.release(slot)
-    return CostCurve(tokens=list(sizes), ms=[min(times[t]) for t in sizes], context=context)
+    return CostCurve(tokens=list(sizes), ms=[max(statistics.median(samples[t]), 1e-3) for t in sizes], context=context)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -129,7 +130,9 @@ class LlamaCppTarget(Target):
             self._embeddings_on = features
         self._batch.n_tokens = n
         with self._turn:
+            start = time.perf_counter()
             rc = L.llama_decode(self._ctx, self._batch)
+            self._decode_ms = 1000 * (time.perf_counter() - start)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}" + (" (no room in the KV cache)" if rc == 1 else ""))
         # With embeddings on every token is an output; otherwise only the flagged ones, in batch order.
@@ -177,6 +180,12 @@ class LlamaCppTarget(Target):
 
     def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
         start = self._len[slot]
+        if not len(tree):  # a plain step (budget 0): the root alone, on the slot's own sequence
+            self._put(0, root, start, (slot,), True)
+            self._verified = (slot, start, [slot], [])
+            logits, hidden = self._decode(1, 1, features)
+            self.last_verify_ms = self._decode_ms
+            return logits, hidden
         branches = tree.branches()  # one per leaf: the node ids from the root's child to the leaf
         seqs = [slot] + self._extra_seqs[: max(0, len(branches) - 1)]
         if len(seqs) < len(branches):
@@ -199,6 +208,7 @@ class LlamaCppTarget(Target):
             self._put(row, tokens[i], start + depth[i], member[i], True)
         self._verified = (slot, start, seqs, [m[0] for m in member])
         logits, hidden = self._decode(1 + len(tree), 1 + len(tree), features)
+        self.last_verify_ms = self._decode_ms
         back = [0] * (1 + len(tree))  # (root, nodes) -> batch row
         for row, i in enumerate(order, start=1):
             back[1 + i] = row

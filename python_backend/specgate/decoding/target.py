@@ -35,6 +35,9 @@ class TargetInfo:
 
 class Target(ABC):
     info: TargetInfo
+    # Milliseconds of compute in the last `verify` (waiting for the machine's compute lock excluded):
+    # what the speculative engine's live cost curve learns from (goodput.LiveCurve).
+    last_verify_ms: float = 0.0
 
     @abstractmethod
     def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:

@@ -7,6 +7,7 @@ gathering it: a copy per layer per step otherwise.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -83,6 +84,7 @@ class TorchTarget(Target):
         # A chain is the model's default (causal mask, consecutive positions): its cheaper path.
         chain = tree.is_chain
         start = self._len[slot]
+        began = time.perf_counter()
         hidden = self._run(
             slot,
             [root, *tree.tokens.tolist()],
@@ -90,7 +92,9 @@ class TorchTarget(Target):
             tree_mask=None if chain else tree.attention_mask(),
         )
         self._pending = 1 + len(tree)
-        return self.model.logits(hidden), hidden if features else None
+        logits = self.model.logits(hidden)
+        self.last_verify_ms = 1000 * (time.perf_counter() - began)
+        return logits, hidden if features else None
 
     def commit(self, slot: int, keep: Sequence[int]) -> None:
         if not keep or keep[0] != 0 or max(keep) >= self._pending:

@@ -12,6 +12,7 @@ A budget of 0 makes the step a plain decode of the root on the same cache.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator, Mapping
 
@@ -24,12 +25,15 @@ from specgate.decoding.request import hits_stop
 from specgate.decoding.sampling import SamplingParams, sample_token, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
-from specgate.goodput import Acceptance, CostCurve, DraftCost, choose_budget
+from specgate.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget
+from specgate.live_curve import LiveCurve
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
 from specgate.stats import SpecStats
 
 SLOT = 0
+MAX_REQUEST_PRIOR_WEIGHT = 32.0  # the most of the engine's evidence a request's acceptance starts with
+NO_DRAFT = DraftTree.empty()  # a budget-0 step: a plain decode of the root on the same cache
 ENGINE_MEMORY = 0.98  # weight of earlier requests in the engine-wide acceptance each request starts from
 
 
@@ -62,7 +66,8 @@ class SpeculativeGenerator:
     """Speculative decoding over `target` with the given drafters (name -> drafter).
 
     `curve`: the machine's verification cost curve; each step then drafts the budget that pays most
-    (up to the request's k), 0 included. Without one every step drafts k (exactness tests).
+    (up to the request's k), 0 included, and every verification corrects the curve (LiveCurve).
+    Without one every step drafts k (exactness tests).
 
     One request at a time: the target's slot and the drafters' state belong to the stream being
     iterated, so run (or drop) one stream before starting the next one.
@@ -71,11 +76,17 @@ class SpeculativeGenerator:
     def __init__(self, target: Target, drafters: Mapping[str, Drafter], curve: CostCurve | None = None) -> None:
         self.target = target
         self.drafters = dict(drafters)
-        self.curve = curve
+        self.curve: LiveCurve | None = None
+        self.set_curve(curve)
         self.max_len = target.info.max_context
         # engine-wide acceptance by (algorithm, drafter context): each request starts from it
         self.acceptance: dict[tuple[str, int], Acceptance] = {}
         self.draft_cost = {name: DraftCost(per_node=ALGORITHMS[name].draft_cost_per_node) for name in self.drafters}
+        self._explore = random.Random(0)  # the budget's posterior draws (choose_budget); never the request's generator
+
+    def set_curve(self, curve: CostCurve | None) -> None:
+        """Start from a (new) calibration: what the engine learned of the old one is dropped."""
+        self.curve = None if curve is None else LiveCurve(curve)
 
     def generate(
         self,
@@ -142,7 +153,7 @@ class SpeculativeGenerator:
     def _budget(self, algorithm: str, acceptance: Acceptance, k: int) -> int:
         if self.curve is None:
             return k
-        return choose_budget(self.curve, acceptance, self.draft_cost[algorithm], k, ALGORITHMS[algorithm].max_depth)
+        return choose_budget(self.curve, acceptance, self.draft_cost[algorithm], k, ALGORITHMS[algorithm].max_depth, self._explore)
 
     @torch.inference_mode()
     def _run(
@@ -163,8 +174,12 @@ class SpeculativeGenerator:
 
         def request_acceptance(context: int) -> Acceptance:
             if context not in acceptance:
-                engine_acc = self._engine_acceptance(algorithm, context)
-                acceptance[context] = Acceptance(prior=[engine_acc.rate(i) for i in range(max(k, 1))])
+                engine = self._engine_acceptance(algorithm, context)
+                positions = range(max(k, 1))
+                acceptance[context] = Acceptance(
+                    prior=[engine.rate(i) for i in positions],
+                    weight=[min(PRIOR_WEIGHT + (engine.tries[i] if i < len(engine.tries) else 0.0), MAX_REQUEST_PRIOR_WEIGHT) for i in positions],
+                )
             return acceptance[context]
 
         gen = params.generator()
@@ -191,14 +206,18 @@ class SpeculativeGenerator:
                 stream.stats.draft_budget = budget
                 # Draft no more than fits in the cache or than the request still needs.
                 budget = min(budget, self.max_len - cache_len - 1, max_new - len(out) - 1)
-                tree = DraftTree.empty()
+                tree = NO_DRAFT
                 if budget > 0:
                     start = time.perf_counter()
                     tree = drafter.propose(tokens, torch.cat(pending) if pending else torch.empty(0), budget)
                     self.draft_cost[algorithm].record(1000 * (time.perf_counter() - start), len(tree))
                     pending = []
                 logits, hidden = target.verify(SLOT, tokens[-1], tree, features)
-                if params.greedy:
+                if self.curve is not None:
+                    self.curve.record_step(1 + len(tree), target.last_verify_ms)
+                if not len(tree):  # what verifying an empty tree draws, without walking one
+                    path, bonus = [], sample_token(logits[0], params, gen)
+                elif params.greedy:
                     path, bonus = verify_greedy(tree, logits)
                 else:
                     path, bonus = verify_sampling(tree, warp(logits, params), gen)
@@ -210,9 +229,11 @@ class SpeculativeGenerator:
                     drafter.accept(tree, path)
                     stream.stats.record(len(tree), len(path))
                     request_acceptance(context).record(int(tree.depth.max()), len(path))
-                new = tree.tokens[path].tolist() + [bonus]
+                new = (tree.tokens[path].tolist() if path else []) + [bonus]
                 tokens += new
         finally:
+            if self.curve is not None:
+                self.curve.end_request()
             for context, acc in acceptance.items():
                 self._engine_acceptance(algorithm, context).merge(acc, ENGINE_MEMORY)
             target.release(SLOT)

@@ -10,6 +10,7 @@ The worker also owns calibration (speculative/calibrate.py): at start, and again
 
 from __future__ import annotations
 
+import datetime
 import logging
 import queue
 import threading
@@ -27,6 +28,8 @@ from specgate.speculative.drafter import Drafter
 from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 
 log = logging.getLogger(__name__)
+
+REPUBLISH_DRIFT = 1.1  # republish the calibration once the live curve moved this factor from it
 
 Emit = Callable[[Event], None]
 
@@ -120,7 +123,7 @@ class SpeculativeRunner:
     def _calibrate(self, item: _Calibrate) -> None:
         try:
             cal = calibrate(self.generator.target, self.generator.drafters, item.override)
-            self.generator.curve = cal.curve
+            self.generator.set_curve(cal.curve)
             for name in cal.algorithms:
                 self.generator.draft_cost[name] = cal.draft_cost(name)
             self.calibration = cal
@@ -147,6 +150,19 @@ class SpeculativeRunner:
         finally:
             stream.close()  # frees the slot, before the final event reports the cache
         self._end(job, final)
+        self._republish()
+
+    def _republish(self) -> None:
+        """Publish what serving taught about the curve (and drafting times) once it moved enough:
+        the gauge and the gate then read the corrected curve, not the one measured at load."""
+        cal, curve = self.calibration, self.generator.curve
+        if cal is None or curve is None or curve.pinned or curve.drift(cal.curve) < REPUBLISH_DRIFT:
+            return
+        draft_ms = {name: cost.ms for name, cost in self.generator.draft_cost.items() if cost.ms > 0}
+        at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        self.calibration = cal.refined(curve.snapshot(), draft_ms, at)
+        log.info("cost curve refined from served decodes: %s", self.calibration.curve.table())
+        self._on_calibration(self.calibration)
 
     def _stream(self, job: _Job, stream: SpecStream) -> Event:
         """Emit the request's tokens as they come; returns its final event."""

@@ -1,0 +1,63 @@
+"""decoding/cost_curve.measure: what a draft step is charged, on a target with scripted timings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from specgate.decoding.cost_curve import measure
+from specgate.decoding.target import Target, TargetInfo
+from specgate.decoding.tree import DraftTree
+
+PER_TOKEN_MS, REPLAN_MS = 7.0, 1.0
+
+
+class ScriptedTarget(Target):
+    """A decode of T tokens takes 7T ms, plus 1 ms when T differs from the previous decode's (as
+    llama.cpp re-plans its compute graph when the batch shape changes)."""
+
+    def __init__(self) -> None:
+        self.info = TargetInfo("scripted", "none", 1, 16, 4, 0, 512, 1)
+        self._len, self._base, self._last = 0, 0, 1
+        self.contexts: set[int] = set()  # cached tokens at each verification
+
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[torch.Tensor, None]:
+        t = 1 + len(tree)
+        self.last_verify_ms = PER_TOKEN_MS * t + (REPLAN_MS if t != self._last else 0.0)
+        self._last = t
+        self.contexts.add(self._len)
+        self._base, self._len = self._len, self._len + t
+        return torch.zeros(t, self.info.vocab_size), None
+
+    def commit(self, slot: int, keep: Sequence[int]) -> None:
+        self._len = self._base + len(keep)
+
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[torch.Tensor, None]:
+        self._len += len(tokens)
+        return torch.zeros(self.info.vocab_size), None
+
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def truncate(self, slot: int, length: int) -> None:
+        self._len = min(self._len, length)
+
+    def release(self, slot: int) -> None:
+        self._len = 0
+
+    def length(self, slot: int) -> int:
+        return self._len
+
+    def embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+def test_a_draft_is_charged_its_decode_and_the_replanning_it_causes() -> None:
+    target = ScriptedTarget()
+    curve = measure(target, slot=0, sizes=(1, 2, 4, 8), context=32, reps=3)
+    assert curve.cost(1) == pytest.approx(PER_TOKEN_MS)  # a plain step between plain steps
+    for t in (2, 4, 8):  # its own re-plan, and the plain step's after it
+        assert curve.cost(t) == pytest.approx(PER_TOKEN_MS * t + 2 * REPLAN_MS)
+    assert curve.context == 32 and target.contexts == {32}  # every decode at the same context

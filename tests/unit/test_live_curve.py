@@ -1,0 +1,100 @@
+"""The live cost curve: the calibration corrected by the engine's own decodes.
+
+The accounting is checked on injected timings; the last test shows a wrong calibration being
+corrected by real llama.cpp decodes while serving, so that the engine stops paying for drafts the
+calibration called cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specgate.decoding.cost_curve import measure
+from specgate.decoding.llamacpp_target import LlamaCppTarget
+from specgate.goodput import CostCurve
+from specgate.live_curve import LiveCurve
+from specgate.speculative import SpeculativeGenerator
+from specgate.speculative.ngram import NgramDrafter
+
+PRIOR = CostCurve(tokens=[1, 2, 4, 8], ms=[13.0, 15.0, 20.0, 30.0])
+
+
+def test_plain_steps_correct_the_one_token_cost_and_nothing_else() -> None:
+    curve = LiveCurve(PRIOR)
+    for _ in range(40):
+        curve.record_step(1, 7.4)
+    assert curve.cost(1) == pytest.approx(7.4, rel=0.1)  # the calibration's 13 ms was wrong
+    assert curve.cost(4) == 20.0 and curve.cost(3) == 17.5  # never verified: the calibration's, interpolated
+    assert curve.ratio(2) == pytest.approx(15.0 / curve.cost(1))
+
+
+def test_a_draft_step_is_charged_the_excess_of_the_plain_step_after_it() -> None:
+    curve = LiveCurve(PRIOR, prior_decodes=0.0)  # no shrinkage: the arithmetic alone
+    for _ in range(5):
+        curve.record_step(1, 7.0)
+    curve.record_step(4, 20.0)
+    curve.record_step(1, 9.0)  # 2 ms over a plain step: the graph re-planned after the draft
+    assert curve.cost(4) == pytest.approx(22.0)
+    assert curve.cost(1) == pytest.approx(7.0)  # the slow plain step is not a plain step's cost
+    curve.record_step(8, 40.0)
+    curve.record_step(8, 40.0)  # a draft right after a draft: the first is recorded as it was
+    curve.end_request()  # and the last when the request ends
+    assert curve.cost(8) == pytest.approx(40.0)
+
+
+def test_shrinkage_towards_the_calibration_fades_with_decodes() -> None:
+    curve = LiveCurve(PRIOR, prior_decodes=4.0)
+    curve.record_step(1, 7.0)
+    assert curve.cost(1) == pytest.approx((4 * 13.0 + 7.0) / 5)  # one decode moves it a fifth of the way
+    for _ in range(60):
+        curve.record_step(1, 7.0)
+    assert curve.cost(1) == pytest.approx(7.0, rel=0.1)
+
+
+def test_a_new_token_count_becomes_a_point_of_the_curve() -> None:
+    curve = LiveCurve(PRIOR, prior_decodes=0.0)
+    curve.record_step(6, 40.0)
+    curve.end_request()
+    assert curve.cost(6) == pytest.approx(40.0)
+    assert curve.cost(5) == pytest.approx(30.0)  # between 4 (20 ms) and the new point
+    assert curve.snapshot().tokens == PRIOR.tokens  # the published curve keeps the calibration's points
+    assert curve.drift(PRIOR) == pytest.approx(max(curve.cost(t) / PRIOR.cost(t) for t in PRIOR.tokens))
+
+
+def test_an_injected_curve_is_pinned() -> None:
+    injected = CostCurve.of_ratios({1: 1.0, 32: 1.0})
+    curve = LiveCurve(injected)
+    for _ in range(20):
+        curve.record_step(1, 50.0)
+        curve.record_step(8, 400.0)
+    assert curve.cost(1) == injected.cost(1) and curve.cost(8) == injected.cost(8)
+
+
+def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> None:
+    """A calibration that says verification is free (every size costs the one-token time) against
+    what llama.cpp's decodes take: the engine drafts, learns what its drafts cost, and drafts less.
+    At every size it verified often, the curve it learned closes most of the distance from the lie
+    to a fresh measurement."""
+    target = LlamaCppTarget(gguf, max_context=1024, num_slots=1, threads=2, tree_nodes=16)
+    sizes = (1, 2, 3, 4, 5, 6)
+    truth = measure(target, slot=0, sizes=sizes, reps=5)
+    lie = CostCurve(tokens=list(sizes), ms=[truth.ms[0]] * len(sizes))
+    assert truth.ratio(4) > 1.5, f"llama.cpp's verification was near free here ({truth.table()}): this test cannot tell"
+    gen = SpeculativeGenerator(target, {"ngram": NgramDrafter()}, lie)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 40  # prompt lookup has matches: steps draft
+    first_and_last = []
+    for _ in range(4):
+        stream = gen.generate(prompt, 48, algorithm="ngram", k=5)
+        for _ in stream:
+            pass
+        first_and_last.append(stream.stats.draft_tokens)
+    assert gen.curve is not None
+    often = [t for t in sizes[1:] if gen.curve._count.get(t, 0) >= 3]
+    assert often, "nothing was drafted"
+    for t in often:
+        gap_before = truth.cost(t) / lie.cost(t)
+        gap_after = truth.cost(t) / gen.curve.cost(t)
+        assert abs(gap_after - 1) < 0.5 * abs(gap_before - 1), (t, gen.curve.snapshot().table(), truth.table())
+    assert first_and_last[-1] < first_and_last[0], f"draft tokens per request {first_and_last}"
