@@ -13,7 +13,8 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
 - each algorithm: the speculative engine as served, calibrated on this machine (speculative/
   calibration.py), so each step drafts the budget that pays, down to nothing.
 - gated: what the gate decides for a single request with the shipped policy and this calibration
-  (route and algorithm), run on the engine it picks.
+  (route and algorithm), run on the engine it picks, its stats fed back to the gate as spec_gate
+  does (so the tenant's breaker opens where the route buys nothing, and probes).
 - Runs are interleaved per prompt in an order rotated per prompt, so machine noise hits all alike;
   with --repeats N every prompt runs all routes N times (each time in another order) and each
   route keeps its median run. Generation stops at EOS or after --tokens new tokens.
@@ -244,11 +245,15 @@ def main() -> None:
             assert peer is not None
             r = peer.run(ids[i], args.tokens, params.temperature, params.seed or 0, eos)
             return Run(r.tokens, r.tpot_ms)
-        if name == "gated":
+        if name == "gated":  # as spec_gate does: decide, run on the chosen engine, feed the stats back
             d = gate.decide(RequestInputs(temperature=params.temperature))
+            speculative = d.route == "speculative"
+            decisions.append(d.algorithm if speculative else f"baseline ({d.reason})")
+            run = run_spec(gen, d.algorithm, ids[i], args.tokens, params) if speculative else run_baseline(baseline, ids[i], args.tokens, params, eos)
+            if speculative:
+                gate.record_speculative(d, run.stats)
             gate.finish(d)
-            name = d.algorithm if d.route == "speculative" else "baseline"
-            decisions.append(name)
+            return run
         if name == "baseline":
             return run_baseline(baseline, ids[i], args.tokens, params, eos)
         return run_spec(gen, name, ids[i], args.tokens, params)

@@ -65,13 +65,15 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
 # CPU-engine extras (not produced by tensorrtllm): per-request draft count and accepted tokens per
 # draft position, which feed spec_decode_num_drafts_total and ..._per_pos_total; `draft_budget`, the
 # budget the engine's goodput controller chose at the latest step (0: drafting does not pay here, so
-# it decodes plainly; -1: no step yet or not speculative); and `handed_over`,
+# it decodes plainly; -1: no step yet or not speculative); `modelled_speedup`, what the request's steps
+# bought over plain decoding on the engine's cost curve (the gate's breaker reads it); and `handed_over`,
 # set on the final response of a speculative request that stopped early because the gate asked
 # spec_engine to hand its requests over to the batched baseline (PARAM_HAND_OVER).
 ENGINE_EXTENSIONS: tuple[Tensor, ...] = (
     Tensor("num_drafts", "TYPE_INT32", (1,)),
     Tensor("accepted_per_position", "TYPE_INT32", (-1,)),
     Tensor("draft_budget", "TYPE_INT32", (1,)),
+    Tensor("modelled_speedup", "TYPE_FP32", (1,)),  # SpecStats.modelled_speedup; 0: none
     Tensor("handed_over", "TYPE_BOOL", (1,)),
 )
 

@@ -12,6 +12,12 @@ class SpecStats:
     accepted_tokens: int = 0  # draft tokens accepted (bonus tokens not counted)
     accepted_per_position: list[int] = field(default_factory=list)  # [d] = accepted at depth d+1
     draft_budget: int = -1  # the budget the engine's controller chose at the last step (-1: none yet)
+    # The engine's own estimate of how much faster than plain decoding this request's steps were, on
+    # its live cost curve: tokens emitted x cost(1) over the sum of cost(1 + draft nodes) plus
+    # drafting time per step (1.0: decoded plainly throughout). None where the engine has no curve
+    # (tensorrtllm, exactness tests). The gate's breaker reads it: a route whose drafts are rare or
+    # cheap to reject can have a high acceptance rate and still buy nothing.
+    modelled_speedup: float | None = None
 
     def record(self, num_draft: int, num_accepted: int) -> None:
         if num_draft == 0:

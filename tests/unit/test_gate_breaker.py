@@ -120,3 +120,43 @@ def test_tenants_are_isolated(br: CircuitBreakers) -> None:
     assert br.admit("b", CFG) is Admission.ALLOW
     assert br.admit("never-seen", CFG) is Admission.ALLOW
     assert br.snapshot("b").ema == pytest.approx(0.9)
+
+
+def test_a_route_that_buys_nothing_opens_even_with_high_acceptance(br: CircuitBreakers, clock: Clock) -> None:
+    """Drafts accepted 90% of the time, but so rare or so dear that the modelled speedup is 1.01."""
+    for _ in range(CFG.min_samples - 1):
+        br.record_acceptance("a", 9, 10, CFG, gain=1.01)
+        assert br.snapshot("a").state is BreakerState.CLOSED  # not before min_samples
+    br.record_acceptance("a", 9, 10, CFG, gain=1.01)
+    snap = br.snapshot("a")
+    assert snap.state is BreakerState.OPEN and snap.ema == pytest.approx(0.9) and snap.gain == pytest.approx(1.01)
+    # requests that never drafted are evidence too (gain 1.0), and so is a paying one
+    br2 = CircuitBreakers(clock)
+    for _ in range(CFG.min_samples):
+        br2.record_acceptance("b", 0, 0, CFG, gain=1.0)
+    assert br2.snapshot("b").state is BreakerState.OPEN and br2.snapshot("b").ema is None
+    for _ in range(10):
+        br2.record_acceptance("c", 7, 10, CFG, gain=1.4)
+    assert br2.snapshot("c").state is BreakerState.CLOSED
+
+
+def test_probes_close_only_if_the_route_pays_again(br: CircuitBreakers, clock: Clock) -> None:
+    for _ in range(CFG.min_samples):
+        br.record_acceptance("a", 9, 10, CFG, gain=1.0)
+    clock.t += CFG.cooldown_s
+    assert br.admit("a", CFG) is Admission.PROBE  # half-open: the EMAs restart
+    for _ in range(CFG.probe_samples):
+        br.record_acceptance("a", 9, 10, CFG, gain=1.0)  # accepted, but still buying nothing
+    assert br.snapshot("a").state is BreakerState.OPEN
+    clock.t += CFG.cooldown_s
+    assert br.admit("a", CFG) is Admission.PROBE
+    for _ in range(CFG.probe_samples):
+        br.record_acceptance("a", 9, 10, CFG, gain=1.5)
+    assert br.snapshot("a").state is BreakerState.CLOSED
+
+
+def test_min_gain_one_keeps_the_acceptance_rule_alone(br: CircuitBreakers) -> None:
+    cfg = CFG.model_copy(update={"min_gain": 1.0})
+    for _ in range(CFG.min_samples + 2):
+        br.record_acceptance("a", 9, 10, cfg, gain=1.0)
+    assert br.snapshot("a").state is BreakerState.CLOSED

@@ -98,3 +98,22 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
         gap_after = truth.cost(t) / gen.curve.cost(t)
         assert abs(gap_after - 1) < 0.5 * abs(gap_before - 1), (t, gen.curve.snapshot().table(), truth.table())
     assert first_and_last[-1] < first_and_last[0], f"draft tokens per request {first_and_last}"
+
+
+def test_the_modelled_speedup_is_what_the_steps_bought_on_the_curve(gguf: Path) -> None:
+    """1.0 where nothing is drafted (T tokens cost T times one); on a free curve, tokens per step."""
+    target = LlamaCppTarget(gguf, max_context=1024, num_slots=1, threads=2, tree_nodes=16)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 40
+    linear = CostCurve.of_ratios({t: float(t) for t in (1, 2, 4, 8, 16)})
+    stream = SpeculativeGenerator(target, {"ngram": NgramDrafter()}, linear).generate(prompt, 32, algorithm="ngram", k=5)
+    tokens = sum(len(block) for block in stream)
+    assert stream.stats.draft_tokens == 0 and stream.stats.modelled_speedup == pytest.approx(1.0)
+    free = CostCurve.of_ratios({1: 1.0, 32: 1.0})
+    gen = SpeculativeGenerator(target, {"ngram": NgramDrafter()}, free)
+    stream = gen.generate(prompt, 32, algorithm="ngram", k=5)
+    blocks = [len(block) for block in stream]
+    assert stream.stats.accepted_tokens > 0
+    # every step costs cost(1) on a free curve and drafting took real (small) time: just under tokens/step
+    steps_after_first = len(blocks) - 1  # the first block is the prefill's token
+    assert stream.stats.modelled_speedup == pytest.approx((sum(blocks) - 1) / steps_after_first, rel=0.05)
+    assert tokens > 0

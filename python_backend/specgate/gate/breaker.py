@@ -1,22 +1,29 @@
-"""Per-tenant circuit breaker on the rolling speculative acceptance rate.
+"""Per-tenant circuit breaker on the rolling speculative acceptance rate and modelled speedup.
 
-Acceptance EMA, one sample per finished speculative request that drafted at least one token:
+Two EMAs per tenant, one sample per finished speculative request:
 
     alpha_t = (1 - w) * alpha_{t-1} + w * (accepted / drafted)        w = breaker.ema_weight
+    gain_t  = (1 - w) * gain_{t-1}  + w * modelled_speedup
 
-Weighted per request, not per draft token, so one long generation cannot outvote many short ones
-(what a tenant experiences is per request). The first sample seeds the EMA.
+alpha from requests that drafted at least one token; gain from every request whose engine reports
+its modelled speedup (the CPU engines: what the request's steps bought over plain decoding on the
+engine's cost curve; 1.0 for a request that never drafted). Acceptance alone cannot tell a route
+that pays from one that does not where drafts are rare: a machine whose verification is steep
+drafts only its surest guesses, which are accepted, and decodes plainly the rest of the time, so
+the route costs its own overhead and buys nothing. Weighted per request, not per draft token, so one
+long generation cannot outvote many short ones (what a tenant experiences is per request). The
+first sample seeds each EMA.
 
 States (each tenant has its own; tenants never affect one another):
 
-    closed    -> open       after >= min_samples samples with EMA < open_threshold,
-                            or failure_threshold consecutive engine failures
+    closed    -> open       after >= min_samples samples with alpha < open_threshold, or as many
+                            with gain < min_gain, or failure_threshold consecutive engine failures
     open      -> half_open  cooldown_s after opening (checked when the tenant's next request arrives)
-    half_open -> closed     after probe_samples probe results with EMA >= close_threshold
-    half_open -> open       after probe_samples probe results with EMA < close_threshold,
-                            or on any engine failure
+    half_open -> closed     after probe_samples probe results with alpha >= close_threshold and
+                            gain >= min_gain (each where measured)
+    half_open -> open       after probe_samples probe results otherwise, or on any engine failure
 
-Entering half_open restarts the EMA, so recovery is judged on the probes alone, not on the samples
+Entering half_open restarts both EMAs, so recovery is judged on the probes alone, not on the samples
 that opened the circuit. In half_open a bounded fraction (probe_fraction) of the tenant's requests
 is admitted as probes: the 1st, then one more each time admitted/seen falls to the fraction.
 
@@ -53,6 +60,8 @@ class _Tenant:
     state: BreakerState = BreakerState.CLOSED
     ema: float | None = None
     samples: int = 0
+    gain: float | None = None
+    gain_samples: int = 0
     consecutive_failures: int = 0
     opened_at: float = 0.0
     seen: int = 0  # requests seen in the current half-open period
@@ -65,6 +74,7 @@ class BreakerSnapshot:
     state: BreakerState
     ema: float | None
     samples: int
+    gain: float | None = None
 
 
 class CircuitBreakers:
@@ -93,24 +103,32 @@ class CircuitBreakers:
             return Admission.DENY
 
     def record_acceptance(
-        self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy
+        self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy, gain: float | None = None
     ) -> float | None:
-        """Feed one finished speculative request; returns the tenant's EMA."""
+        """Feed one finished speculative request (`gain`: its modelled speedup, where the engine
+        reports one); returns the tenant's acceptance EMA."""
         with self._lock:
             t = self._tenants.setdefault(tenant, _Tenant())
-            if drafted <= 0:
-                return t.ema  # nothing was drafted: no evidence either way
-            rate = min(max(accepted / drafted, 0.0), 1.0)
-            t.ema = rate if t.ema is None else (1.0 - cfg.ema_weight) * t.ema + cfg.ema_weight * rate
-            t.samples += 1
+            if drafted <= 0 and gain is None:
+                return t.ema  # nothing was drafted and nothing modelled: no evidence either way
+            w = cfg.ema_weight
+            if drafted > 0:
+                rate = min(max(accepted / drafted, 0.0), 1.0)
+                t.ema = rate if t.ema is None else (1.0 - w) * t.ema + w * rate
+                t.samples += 1
+            if gain is not None:
+                t.gain = gain if t.gain is None else (1.0 - w) * t.gain + w * gain
+                t.gain_samples += 1
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
-                if t.samples >= cfg.min_samples and t.ema < cfg.open_threshold:
+                low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
+                no_gain = t.gain is not None and t.gain_samples >= cfg.min_samples and t.gain < cfg.min_gain
+                if low_acceptance or no_gain:
                     self._move(tenant, t, BreakerState.OPEN)
             elif t.state is BreakerState.HALF_OPEN:
                 t.probe_results += 1
                 if t.probe_results >= cfg.probe_samples:
-                    ok = t.ema >= cfg.close_threshold
+                    ok = (t.ema is None or t.ema >= cfg.close_threshold) and (t.gain is None or t.gain >= cfg.min_gain)
                     self._move(tenant, t, BreakerState.CLOSED if ok else BreakerState.OPEN)
             # OPEN: results of requests admitted before it opened update the EMA only.
             return t.ema
@@ -128,14 +146,14 @@ class CircuitBreakers:
     def snapshot(self, tenant: str) -> BreakerSnapshot:
         with self._lock:
             t = self._tenants.get(tenant) or _Tenant()
-            return BreakerSnapshot(t.state, t.ema, t.samples)
+            return BreakerSnapshot(t.state, t.ema, t.samples, t.gain)
 
     def _move(self, tenant: str, t: _Tenant, new: BreakerState) -> None:
         old, t.state = t.state, new
         if new is BreakerState.OPEN:
             t.opened_at = self._now()
         elif new is BreakerState.HALF_OPEN:
-            t.ema, t.samples, t.seen, t.probes, t.probe_results = None, 0, 0, 0, 0
+            t.ema, t.samples, t.gain, t.gain_samples, t.seen, t.probes, t.probe_results = None, 0, None, 0, 0, 0, 0
         t.consecutive_failures = 0
         if self._on_transition is not None:
             self._on_transition(tenant, old, new)

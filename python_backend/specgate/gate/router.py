@@ -148,7 +148,8 @@ class Decision:
 class GateStats(Protocol):
     """One finished speculative request or shadow mirror (`specgate.stats.SpecStats` is one).
 
-    `num_drafts` (verification steps) and `accepted_per_position` are CPU-engine extensions; when
+    `num_drafts` (verification steps), `accepted_per_position` and `modelled_speedup` are CPU-engine
+    extensions (None or empty from tensorrtllm); when
     `num_drafts` is 0 or None while tokens were drafted (tensorrtllm) it is estimated as
     ceil(draft_tokens / num_speculative_tokens), exact for fixed-length chains (and left at 0 when
     the decision leaves k to the engine's default).
@@ -162,6 +163,8 @@ class GateStats(Protocol):
     def num_drafts(self) -> int | None: ...
     @property
     def accepted_per_position(self) -> Sequence[int]: ...
+    @property
+    def modelled_speedup(self) -> float | None: ...
 
 
 class Gate:
@@ -260,7 +263,7 @@ class Gate:
         )
         ema = self._breakers.record_acceptance(
             decision.tenant_key, stats.accepted_tokens, stats.draft_tokens,
-            self._breaker_policy(self._store.current(), decision.algorithm),
+            self._breaker_policy(self._store.current(), decision.algorithm), stats.modelled_speedup,
         )
         if ema is not None:
             self._metrics.acceptance_rate(decision.tenant, ema)

@@ -49,12 +49,14 @@ def _stats(resp: Any, last: SpecStats) -> SpecStats:
     if drafted is None or accepted is None:
         return last
     drafts, per_pos, budget = _out(resp, "num_drafts"), _out(resp, "accepted_per_position"), _out(resp, "draft_budget")
+    gain = _out(resp, "modelled_speedup")
     return SpecStats(
         num_drafts=0 if drafts is None else int(drafts.reshape(-1)[0]),
         draft_tokens=int(drafted.reshape(-1)[0]),
         accepted_tokens=int(accepted.reshape(-1)[0]),
         accepted_per_position=[] if per_pos is None else [int(x) for x in per_pos.reshape(-1) if x > 0],
         draft_budget=-1 if budget is None else int(budget.reshape(-1)[0]),
+        modelled_speedup=None if gain is None or float(gain.reshape(-1)[0]) <= 0 else float(gain.reshape(-1)[0]),
     )
 
 

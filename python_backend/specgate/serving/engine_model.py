@@ -154,6 +154,7 @@ class ResponseStream:
                 tensor("num_drafts", [[s.num_drafts]], np.int32),
                 tensor("accepted_per_position", [s.accepted_per_position or [0]], np.int32),
                 tensor("draft_budget", [[s.draft_budget]], np.int32),
+                tensor("modelled_speedup", [[s.modelled_speedup or 0.0]], np.float32),
                 tensor("handed_over", [[ev.handed_over]], np.bool_),
             ]
         )

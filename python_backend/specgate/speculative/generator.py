@@ -190,6 +190,7 @@ class SpeculativeGenerator:
         drafter.begin(prompt, params, gen)
         out: list[int] = []
         new = [root]
+        plain_ms = spent_ms = 0.0  # what plain decoding would have cost, and what the steps cost (live curve)
         try:
             while True:
                 emit, stream.finish_reason = _clip(new, out, max_new, end_id, stop_words)
@@ -207,10 +208,12 @@ class SpeculativeGenerator:
                 # Draft no more than fits in the cache or than the request still needs.
                 budget = min(budget, self.max_len - cache_len - 1, max_new - len(out) - 1)
                 tree = NO_DRAFT
+                drafting_ms = 0.0
                 if budget > 0:
                     start = time.perf_counter()
                     tree = drafter.propose(tokens, torch.cat(pending) if pending else torch.empty(0), budget)
-                    self.draft_cost[algorithm].record(1000 * (time.perf_counter() - start), len(tree))
+                    drafting_ms = 1000 * (time.perf_counter() - start)
+                    self.draft_cost[algorithm].record(drafting_ms, len(tree))
                     pending = []
                 logits, hidden = target.verify(SLOT, tokens[-1], tree, features)
                 if self.curve is not None:
@@ -231,6 +234,10 @@ class SpeculativeGenerator:
                     request_acceptance(context).record(int(tree.depth.max()), len(path))
                 new = (tree.tokens[path].tolist() if path else []) + [bonus]
                 tokens += new
+                if self.curve is not None:
+                    plain_ms += len(new) * self.curve.cost(1)
+                    spent_ms += self.curve.cost(1 + len(tree)) + drafting_ms
+                    stream.stats.modelled_speedup = plain_ms / spent_ms
         finally:
             if self.curve is not None:
                 self.curve.end_request()
