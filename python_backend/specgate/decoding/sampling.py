@@ -47,8 +47,23 @@ def warp(logits: Tensor, p: SamplingParams) -> Tensor:
     return probs
 
 
+def draw(probs: Tensor, gen: torch.Generator) -> int:
+    """One index drawn from the distribution `probs` [V] (any positive scale): by inverting its CDF
+    at one uniform draw, accumulated in float64.
+
+    By hand because torch.multinomial over a 49152-token vocabulary took about 1 ms a draw on these
+    CPUs (with or without replacement), a tenth of a llama.cpp decode step; this takes a tenth of that.
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((), generator=gen, dtype=torch.float64) * cdf[-1]
+    i = int(torch.searchsorted(cdf, u, right=True))  # cdf[i-1] <= u < cdf[i]: probs[i] > 0
+    if i >= probs.numel():  # u rounded up to the total: the last index with mass
+        i = int(torch.nonzero(probs).max())
+    return i
+
+
 def sample_token(logits: Tensor, p: SamplingParams, gen: torch.Generator) -> int:
     """One token from a [V] logits row: argmax when greedy, else a draw from `warp`."""
     if p.greedy:
         return int(logits.argmax())
-    return int(torch.multinomial(warp(logits, p), 1, generator=gen))
+    return draw(warp(logits, p), gen)

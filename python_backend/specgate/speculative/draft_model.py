@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.sampling import SamplingParams, draw, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
@@ -39,7 +39,7 @@ class DraftModelDrafter(Drafter):
                 tok = int(logits.argmax())
             else:
                 qs.append(warp(logits, self.params))
-                tok = int(torch.multinomial(qs[-1], 1, generator=self.gen))
+                tok = draw(qs[-1], self.gen)
             drafted.append(tok)
             if i + 1 < k:
                 logits = self.draft.forward([(SLOT, [tok])])[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specgate.decoding.sampling import SamplingParams, warp
+from specgate.decoding.sampling import SamplingParams, draw, warp
 from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
 
@@ -57,7 +57,7 @@ class EagleDrafter(EagleBase):
                 tok = int(self.head.d2t[logits.argmax()])
             else:
                 qs.append(self._to_target(warp(logits, self.params)))
-                tok = int(torch.multinomial(qs[-1], 1, generator=self.gen))
+                tok = draw(qs[-1], self.gen)
             drafted.append(tok)
             if i + 1 < k:  # the head's entry for draft i sits right after the committed pairs
                 feat = self.head(feat, torch.tensor([[tok]]), self.cache, self.cached + i)

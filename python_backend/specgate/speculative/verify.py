@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specgate.decoding.sampling import draw
 from specgate.speculative.drafter import DraftTree
 
 
@@ -52,7 +53,7 @@ def verify_sampling(tree: DraftTree, probs: Tensor, gen: torch.Generator) -> tup
                 break
             p = _residual(p, q)
         if accepted is None:
-            return path, int(torch.multinomial(p, 1, generator=gen))
+            return path, draw(p, gen)
         path.append(accepted)
         row = accepted + 1
 
