@@ -1,10 +1,10 @@
 """The speculative engine's cost curve, corrected by its own decodes as it serves.
 
-A calibration measured once at load can be wrong in a way that measurement cannot see: on one
-machine its one-token decode came out at 13 ms while plain decoding then ran at 7.4 ms a token, so
-verifying two tokens looked 1.2x one token instead of 2.1x, and the engine drafted at a loss. So the
-engine times every verification (compute only: waiting for the machine's compute lock is not
-cost) and the budget controller reads this curve instead:
+A calibration measured once at load can be wrong in a way that measurement cannot see (on one
+machine its one-token time was far above what plain decoding then cost, so drafts looked cheap and
+the engine drafted at a loss: docs/engines.md, "Calibration"). So the engine times every
+verification (compute only: waiting for the machine's compute lock is not cost) and the budget
+controller reads this curve instead:
 
 - cost(T) for a T the engine has verified is the median of its last `window` decodes, shrunk
   towards the calibration by `prior_decodes` pseudo-decodes (their weight fades as decodes come;
@@ -14,8 +14,7 @@ cost) and the budget controller reads this curve instead:
   decoding, never towards paying for drafts;
 - a draft step is charged what it makes the next plain step cost above a plain step's: llama.cpp
   reuses its compute graph only while the batch shape stays the same, and re-plans it after a
-  draft (0.3-0.9 ms here, up to a tenth of a plain step). `decoding/cost_curve.measure` counts the
-  same way.
+  draft (docs/engines.md gives what that costs). `decoding/cost_curve.measure` counts the same way.
 
 An injected curve (a test's, or an operator's override: `CostCurve.measured` False) is pinned.
 """

@@ -71,8 +71,8 @@ class BreakerPolicy(_Strict):
     close_threshold: UnitInterval | Literal["auto"] = "auto"
     min_samples: int = Field(20, ge=1)
     # Open also when the engine's modelled speedup per request (EMA) falls below this: the
-    # speculative route must buy more than its own per-step cost over the baseline's (measured at
-    # 1-3% of a llama.cpp step on these CPUs, docs/gate.md, "Breaker"). 1.0 never opens on it.
+    # speculative route must buy more than its own per-step cost over the baseline's (docs/gate.md,
+    # "Breaker"). 1.0 never opens on it.
     min_gain: float = Field(1.03, ge=0.0, le=10.0)
     cooldown_s: float = Field(30.0, ge=0.0)
     probe_fraction: float = Field(0.1, gt=0.0, le=0.5)

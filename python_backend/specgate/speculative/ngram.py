@@ -20,8 +20,8 @@ class NgramDrafter(Drafter):
         super().begin(prompt_ids, params, gen)
         # Every n-gram (min_n..max_n tokens) that ends before the last token -> its latest start.
         # Kept up to date as tokens grow (they only grow within a request), so a lookup costs the
-        # same at any context length: a scan of the whole context cost up to 0.3 ms a step at 600
-        # tokens, 4% of a llama.cpp decode step.
+        # same at any context length; a scan of the whole context each step was a measurable part
+        # of a llama.cpp decode step (docs/engines.md, "Calibration").
         self._latest: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending at positions < this are in _latest
         self._memo: tuple[int, tuple[int, int]] = (-1, (0, 0))  # (len(tokens), match)
