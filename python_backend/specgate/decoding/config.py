@@ -26,7 +26,10 @@ class EngineConfig(BaseModel):
     max_queue_size: int = Field(64, ge=1, description="waiting requests beyond the batch")
     queue_timeout_s: float = Field(60.0, gt=0, description="how long a request may wait for a slot")
     num_threads: int = Field(0, ge=0, description="compute threads; 0 = one per core (llamacpp) / torch's setting (torch)")
-    stream_interval_ms: float = Field(40.0, ge=0, description="streamed responses at most this often (tokens in between go together); 0 = one per step")
+    # each streamed response costs work in the gate, postprocessing and the HTTP front on the cores
+    # llama.cpp decodes on, so fewer of them keep the streamed baseline near plain llama.cpp
+    # (docs/engines.md, "Threads, and engines that take turns")
+    stream_interval_ms: float = Field(100.0, ge=0, description="streamed responses at most this often (tokens in between go together); 0 = one per step")
     # spec_engine only: which drafters to load (n-gram needs no weights). The default algorithm lives
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")
