@@ -201,7 +201,42 @@ def targets(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     return out
 
 
-def main() -> None:
+@dataclass
+class Routes:
+    """Every route of the run over the same prompts: `run(name, prompt, params)` is one request."""
+
+    baseline: Target
+    gen: SpeculativeGenerator
+    gate: Gate
+    peer: Peer | None
+    ids: list[list[int]]
+    tokens: int
+    names: list[str]
+    decisions: list[str] = field(default_factory=list)
+
+    def run(self, name: str, i: int, params: SamplingParams) -> Run:
+        eos = self.baseline.info.eos_token_id
+        if name == "peer":
+            assert self.peer is not None
+            r = self.peer.run(self.ids[i], self.tokens, params.temperature, params.seed or 0, eos)
+            return Run(r.tokens, r.tpot_ms)
+        if name == "gated":  # as spec_gate does: decide, run on the chosen engine, feed the stats back
+            d = self.gate.decide(RequestInputs(temperature=params.temperature))
+            speculative = d.route == "speculative"
+            self.decisions.append(d.algorithm if speculative else f"baseline ({d.reason})")
+            if speculative:
+                run = run_spec(self.gen, d.algorithm, self.ids[i], self.tokens, params)
+                self.gate.record_speculative(d, run.stats)
+            else:
+                run = run_baseline(self.baseline, self.ids[i], self.tokens, params, eos)
+            self.gate.finish(d)
+            return run
+        if name == "baseline":
+            return run_baseline(self.baseline, self.ids[i], self.tokens, params, eos)
+        return run_spec(self.gen, name, self.ids[i], self.tokens, params)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=6, help="prompts per category (of 200)")
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens per request")
@@ -212,7 +247,35 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="compute threads (0: one per core)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of every route per prompt; each keeps its median")
     ap.add_argument("--name", default="bench-engine", help="results/<name>.md and .json")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def measure_temperature(routes: Routes, prompts: list, temp: float, repeats: int) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Every route on every prompt `repeats` times at one temperature: rows per category, and the raw runs."""
+    names = routes.names
+    per: dict[str, dict[str, list[tuple[Run, Run]]]] = {c: {n: [] for n in names} for c in CATEGORIES}
+    raw: list[dict] = []
+    for i, p in enumerate(prompts):
+        params = SamplingParams(temperature=temp, seed=i)
+        tries: dict[str, list[Run]] = {n: [] for n in names}
+        for r in range(repeats):
+            shift = (i * repeats + r) % len(names)  # rotate: no fixed position in the sequence
+            for n in names[shift:] + names[:shift]:
+                tries[n].append(routes.run(n, i, params))
+        got = {n: median_run(tries[n]) for n in names}
+        for n in names:
+            per[p.category][n].append((got["baseline"], got[n]))
+        raw.append({"category": p.category, "prompt": i, "prompt_tokens": len(routes.ids[i])} | {
+            n: {"tokens": len(r.tokens), "tpot_ms": r.tpot_ms, "drafts": r.stats.num_drafts, "accepted": r.stats.accepted_tokens,
+                "draft_tokens": r.stats.draft_tokens, "steps": r.steps, "output": r.tokens} for n, r in got.items()})
+        print(f"[T={temp}] {i + 1}/{len(prompts)} {p.category}: " + ", ".join(f"{n} {r.tpot_ms:.1f}ms" for n, r in got.items()), flush=True)
+    cats = {c: summarize(per[c]) for c in CATEGORIES}
+    cats["overall"] = summarize({n: [pair for c in CATEGORIES for pair in per[c][n]] for n in names})
+    return cats, raw
+
+
+def main() -> None:
+    args = parse_args()
     algorithms = [a for a in args.algorithms.split(",") if a]
     temps = [float(t) for t in args.temperatures.split(",")]
     load_start = os.getloadavg()
@@ -226,74 +289,36 @@ def main() -> None:
     )
     tok = PromptTokenizer(CKPT, MAX_LEN - args.tokens - 80)  # room for the output and a draft tree
     prompts = load_prompts(limit_per_category=args.per_category)
-    ids = [tok.encode_prompt(p.text) for p in prompts]
     target = load_target(cfg, model, num_slots=1, tree_nodes=max(ALGORITHMS[a].max_k for a in algorithms))
     drafters = {k: v for k, v in build_drafters(target, cfg).items() if k in algorithms}
-    baseline = load_target(cfg, model, num_slots=1)
     cal = calibrate(target, drafters)
     gen = SpeculativeGenerator(target, drafters, cal.curve)
     for name in cal.algorithms:
         gen.draft_cost[name] = cal.draft_cost(name)
     curves = {f"{args.backend} (served)": cal.curve, **other_curve(args)}
-    gate = Gate(POLICY, calibration=cal)
     peer = Peer(GGUF, MAX_LEN, cfg.threads) if args.backend == "llamacpp" else None
-    eos = target.info.eos_token_id
-    names = ["baseline", *drafters, "gated"] + (["peer"] if peer else [])
-
-    def one(name: str, i: int, params: SamplingParams) -> Run:
-        if name == "peer":
-            assert peer is not None
-            r = peer.run(ids[i], args.tokens, params.temperature, params.seed or 0, eos)
-            return Run(r.tokens, r.tpot_ms)
-        if name == "gated":  # as spec_gate does: decide, run on the chosen engine, feed the stats back
-            d = gate.decide(RequestInputs(temperature=params.temperature))
-            speculative = d.route == "speculative"
-            decisions.append(d.algorithm if speculative else f"baseline ({d.reason})")
-            run = run_spec(gen, d.algorithm, ids[i], args.tokens, params) if speculative else run_baseline(baseline, ids[i], args.tokens, params, eos)
-            if speculative:
-                gate.record_speculative(d, run.stats)
-            gate.finish(d)
-            return run
-        if name == "baseline":
-            return run_baseline(baseline, ids[i], args.tokens, params, eos)
-        return run_spec(gen, name, ids[i], args.tokens, params)
-
-    decisions: list[str] = []
-    for name in names:  # warm-up: first-call allocations and kernel selection
-        one(name, 0, SamplingParams())
+    routes = Routes(
+        baseline=load_target(cfg, model, num_slots=1), gen=gen, gate=Gate(POLICY, calibration=cal), peer=peer,
+        ids=[tok.encode_prompt(p.text) for p in prompts], tokens=args.tokens,
+        names=["baseline", *drafters, "gated"] + (["peer"] if peer else []),
+    )
+    for name in routes.names:  # warm-up: first-call allocations and kernel selection
+        routes.run(name, 0, SamplingParams())
     results: dict[str, dict[str, list[dict]]] = {}
     raw_runs: dict[str, list[dict]] = {}
     identity: dict[str, dict] = {}
     t_start = time.perf_counter()
     for temp in temps:
-        per: dict[str, dict[str, list[tuple[Run, Run]]]] = {c: {n: [] for n in names} for c in CATEGORIES}
-        raw_runs[str(temp)] = []
-        for i, p in enumerate(prompts):
-            params = SamplingParams(temperature=temp, seed=i)
-            tries: dict[str, list[Run]] = {n: [] for n in names}
-            for r in range(args.repeats):
-                shift = (i * args.repeats + r) % len(names)  # rotate: no fixed position in the sequence
-                for n in names[shift:] + names[:shift]:
-                    tries[n].append(one(n, i, params))
-            got = {n: median_run(tries[n]) for n in names}
-            for n in names:
-                per[p.category][n].append((got["baseline"], got[n]))
-            raw_runs[str(temp)].append({"category": p.category, "prompt": i, "prompt_tokens": len(ids[i])} | {
-                n: {"tokens": len(r.tokens), "tpot_ms": r.tpot_ms, "drafts": r.stats.num_drafts, "accepted": r.stats.accepted_tokens,
-                    "draft_tokens": r.stats.draft_tokens, "steps": r.steps, "output": r.tokens} for n, r in got.items()})
-            print(f"[T={temp}] {i + 1}/{len(prompts)} {p.category}: " + ", ".join(f"{n} {r.tpot_ms:.1f}ms" for n, r in got.items()), flush=True)
-        cats = {c: summarize(per[c]) for c in CATEGORIES}
-        cats["overall"] = summarize({n: [pair for c in CATEGORIES for pair in per[c][n]] for n in names})
-        results[str(temp)] = cats
+        results[str(temp)], raw_runs[str(temp)] = measure_temperature(routes, prompts, temp, args.repeats)
         if temp == 0.0:
-            identity = greedy_identity(target, ids, raw_runs[str(temp)], [n for n in names if n != "baseline"])
+            identity = greedy_identity(target, routes.ids, raw_runs[str(temp)], [n for n in routes.names if n != "baseline"])
     elapsed = time.perf_counter() - t_start
 
-    md = report(args, machine, prompts, results, identity, curves, cal.summary(), load_start, elapsed, decisions)
+    md = report(args, machine, prompts, results, identity, curves, cal.summary(), load_start, elapsed, routes.decisions)
     print("\n" + md)
     write_results(args.name, md, {"args": vars(args), "machine": machine, "calibration": cal.model_dump(mode="json"),
-                                       "curves": {k: c.model_dump() for k, c in curves.items()}, "results": results,
-                                       "identity": identity, "gate_decisions": decisions, "runs": raw_runs})
+                                  "curves": {k: c.model_dump() for k, c in curves.items()}, "results": results,
+                                  "identity": identity, "gate_decisions": routes.decisions, "runs": raw_runs})
 
 
 def other_curve(args: argparse.Namespace) -> dict[str, CostCurve]:
