@@ -2,7 +2,7 @@
 
     python -m bench.report [--concurrency 1,2,4,8] [--max-tokens 48] [--per-worker 3]
 
-Starts its own tritonserver (bf16 repository rendered into artifacts/report/ with a copy of
+Starts its own tritonserver (the default engines, rendered into artifacts/report/ with a copy of
 policy/default.yaml, on ports 38010-38012) and drives it with a closed loop of HTTP generate_stream
 clients: at concurrency c, c threads send the same fixed list of max(6, per_worker * c) greedy
 requests (loadtest's built-in prompt mix, same seed for every scenario). Scenarios (per concurrency
@@ -299,9 +299,9 @@ def why_defaults(meta: dict[str, Any]) -> list[str]:
         f"speculation (the crossover c), the second request should go to the baseline, so the limit is c - 1. {measured}.",
         f"- `temperature_threshold: {g['temperature_threshold']}`: above it drafts are rejected more often than they pay "
         "(bench-engine's T=0.7 column shows the loss); the mixed-temperature row shows those requests on the baseline.",
-        f"- server processes run with {omp} (`specgate_launcher.server_env`): both engines' stubs share the cores; one "
-        "thread each keeps a busy engine from starving the other, and on the engines' worker threads a second OpenMP thread "
-        "bought nothing (docs/batching.md, \"Threads\").",
+        f"- server processes run with {omp} (`specgate_launcher.server_env`): the PyTorch engine's one thread per stub; "
+        "llama.cpp sets its own threads (one per core), and the engines take turns per decode (docs/engines.md, "
+        "\"Threads, and engines that take turns\").",
     ]
 
 
