@@ -224,11 +224,9 @@ class Routes:
             d = self.gate.decide(RequestInputs(temperature=params.temperature))
             speculative = d.route == "speculative"
             self.decisions.append(d.algorithm if speculative else f"baseline ({d.reason})")
+            run = self.run(d.algorithm if speculative else "baseline", i, params)
             if speculative:
-                run = run_spec(self.gen, d.algorithm, self.ids[i], self.tokens, params)
                 self.gate.record_speculative(d, run.stats)
-            else:
-                run = run_baseline(self.baseline, self.ids[i], self.tokens, params, eos)
             self.gate.finish(d)
             return run
         if name == "baseline":
