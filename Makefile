@@ -19,18 +19,18 @@ DURATION ?= 60s
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
-$(STAMP): pyproject.toml build/install_llamacpp.py
+$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[dev]'
 	$(VPY) build/install_llamacpp.py
 	@touch $(STAMP)
 
-build-engines: setup  ## ENGINE=cpu (default, llama.cpp; MODEL=any chat GGUF, DRAFT=its draft GGUF) | torch (the PyTorch reference; DTYPE=auto|float32|bfloat16) | trtllm
+build-engines: setup  ## ENGINE=cpu (default, llama.cpp; MODEL=any chat GGUF, DRAFT=its draft GGUF; EXACT=0 turns exact greedy off) | torch (the PyTorch reference; DTYPE=auto|float32|bfloat16) | trtllm
 ifeq ($(ENGINE),trtllm)
 	$(VPY) -m build.build_engines --engine trtllm --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
 else
-	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT))
+	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(filter 0 false no,$(EXACT)),--no-exact)
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=)

@@ -44,6 +44,15 @@ def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: in
         yield ports
 
 
+def wait_quiet(timeout_s: float = 300.0) -> None:
+    """Wait until the machine is idle before measuring (a server's start-up work, or anything else)."""
+    from specgate.decoding.machine import wait_until_idle
+
+    busy = wait_until_idle(max_busy=0.05, window_s=2.0, timeout_s=timeout_s)
+    if busy > 0.05:
+        print(f"[bench] warning: the machine is still {busy:.0%} busy after {timeout_s:.0f} s; measuring anyway", flush=True)
+
+
 def machine_record() -> dict:
     """What decides the speed of this run: CPU model and ISA flags, and the instruction sets the two
     runtimes were built or capped to (llama.cpp's build; PyTorch's ATen and oneDNN caps)."""

@@ -1,18 +1,32 @@
-"""The peer a CPU user would pick instead of us: llama-cpp-python's own plain decoding of the same GGUF.
+"""Decoding in a fresh process of its own: the peer a CPU user would pick instead of us, and the floor.
 
-`Llama.generate` is llama-cpp-python's decode loop (one `llama_decode` per token, its own sampler),
-with the same threads and context size as our engine. It runs in a process of its own, as a user
-would run it: beside another llama.cpp context in the same process, our engine decoded 2.7x slower
-(30 vs 80 tok/s), which would flatter the peer's comparison and skew ours. Its KV cache is cleared
-before every request: it would otherwise reuse the previous request's prefix, which our engines do not.
+- `peer`: llama-cpp-python's own decode loop (`Llama.generate`, its own sampler), the same GGUF, threads
+  and context size as our engine. The process imports llama_cpp and nothing of ours.
+- `floor`: our engine's decode with nothing around it: `LlamaCppTarget.forward` of one token and a
+  numpy argmax, in a loop on the process's main thread (greedy only). What every served path is
+  measured against: it is the speed the engine's own context settings allow.
+- `engine`: the baseline engine's scheduler (`BatchRunner`, one request at a time) in-process, as
+  `target_engine` runs it but without Triton.
+
+Each runs in a fresh `python -c` started by `DecodeProcess`, never a child forked or spawned from a
+process that holds an engine: two llama.cpp contexts in one process, or an engine's threads beside
+the peer's, slowed the peer about 3x on a 2-core machine (docs/engines.md, "Threads"). The caller
+must keep everything else of ours idle while one runs. Requests and results travel as JSON lines
+over the child's stdin/stdout. KV caches are cleared before every request (no prefix reuse).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parent.parent
+Mode = Literal["peer", "floor", "engine"]
 
 
 @dataclass
@@ -22,24 +36,68 @@ class PeerRun:
     tpot_ms: float  # (last - first token) / (tokens - 1)
 
 
-def _serve(conn, gguf: str, n_ctx: int, threads: int) -> None:  # noqa: ANN001 (runs in the child)
+class DecodeProcess:
+    """One decoding process (`mode`), kept for many requests; `run` sends one and waits for it."""
+
+    def __init__(self, mode: Mode, gguf: Path, n_ctx: int, threads: int, exact: bool = True) -> None:
+        code = f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'python_backend')!r}]; from bench.peer import serve; serve()"
+        self.mode = mode
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self._send({"mode": mode, "gguf": str(gguf), "n_ctx": n_ctx, "threads": threads, "exact": exact})
+        if self._recv() != "ready":
+            raise RuntimeError(f"the {mode} process did not start")
+
+    def run(self, ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0, eos: int | None = None) -> PeerRun:
+        self._send({"ids": ids, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "eos": eos})
+        return PeerRun(**self._recv())
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()  # type: ignore[union-attr]
+            self._proc.wait(timeout=30)
+
+    def _send(self, msg: dict) -> None:
+        self._proc.stdin.write(json.dumps(msg) + "\n")  # type: ignore[union-attr]
+        self._proc.stdin.flush()  # type: ignore[union-attr]
+
+    def _recv(self) -> Any:
+        line = self._proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"the {self.mode} process exited (code {self._proc.poll()})")
+        return json.loads(line)
+
+
+def Peer(gguf: Path, n_ctx: int, threads: int) -> DecodeProcess:  # noqa: N802 (the peer is one mode of DecodeProcess)
+    return DecodeProcess("peer", gguf, n_ctx, threads)
+
+
+# -- the child side: runs in the fresh process --------------------------------------------------------
+def serve() -> None:
+    setup = json.loads(sys.stdin.readline())
+    decode = {"peer": _peer, "floor": _floor, "engine": _engine}[setup["mode"]](setup)
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        print(json.dumps(asdict(decode(job["ids"], job["max_tokens"], job["temperature"], job["seed"], job["eos"]))), flush=True)
+
+
+def _timed(start: float, times: list[float], out: list[int]) -> PeerRun:
+    tpot = 1000 * (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
+    return PeerRun(out, times[0] - start, tpot)
+
+
+def _peer(setup: dict):  # noqa: ANN202
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:  # the benchmark exited without close()
-            return
-        if job is None:
-            return
-        ids, max_tokens, temperature, seed, eos = job
+    llm = llama_cpp.Llama(
+        model_path=setup["gguf"], n_ctx=setup["n_ctx"], n_threads=setup["threads"], n_threads_batch=setup["threads"], n_batch=512, verbose=False
+    )
+
+    def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:
         llm.reset()
         llm._ctx.kv_cache_clear()  # no prefix reuse across requests
         llm.set_seed(seed)
-        start = time.perf_counter()
-        times: list[float] = []
-        out: list[int] = []
+        start, times, out = time.perf_counter(), [], []
         # temperature only (top-k / top-p / min-p off), like the engines' default sampling
         for tok in llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=False):
             times.append(time.perf_counter())
@@ -48,20 +106,66 @@ def _serve(conn, gguf: str, n_ctx: int, threads: int) -> None:  # noqa: ANN001 (
             out.append(tok)
             if len(out) >= max_tokens:
                 break
-        tpot = 1000 * (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
-        conn.send(PeerRun(out, times[0] - start, tpot))
+        return _timed(start, times, out)
+
+    return decode
 
 
-class Peer:
-    def __init__(self, gguf: Path, n_ctx: int, threads: int) -> None:
-        self._conn, child = mp.get_context("spawn").Pipe()
-        self._proc = mp.get_context("spawn").Process(target=_serve, args=(child, str(gguf), n_ctx, threads), daemon=True)
-        self._proc.start()
+def _floor(setup: dict):  # noqa: ANN202
+    import numpy as np
 
-    def run(self, ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int = 0, eos: int | None = None) -> PeerRun:
-        self._conn.send((ids, max_tokens, temperature, seed, eos))
-        return self._conn.recv()
+    from specgate.decoding.llamacpp_target import LlamaCppTarget
 
-    def close(self) -> None:
-        self._conn.send(None)
-        self._proc.join(timeout=30)
+    target = LlamaCppTarget(Path(setup["gguf"]), setup["n_ctx"], num_slots=1, threads=setup["threads"], exact=setup["exact"])
+
+    def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:
+        if temperature > 0:
+            raise ValueError("the floor decodes greedily")
+        target.release(0)
+        start, times, out = time.perf_counter(), [], []
+        logits, _ = target.prefill(0, ids, features=False)
+        tok = int(np.argmax(logits.numpy()))
+        while True:
+            times.append(time.perf_counter())
+            if tok == eos:
+                break
+            out.append(tok)
+            if len(out) >= max_tokens:
+                break
+            tok = int(np.argmax(target.forward([(0, [tok])])[0].numpy()))
+        return _timed(start, times, out)
+
+    return decode
+
+
+def _engine(setup: dict):  # noqa: ANN202
+    import threading
+
+    from specgate.decoding.batch_runner import BatchRunner
+    from specgate.decoding.config import EngineConfig
+    from specgate.decoding.loading import load_target
+    from specgate.decoding.request import Event, GenerationRequest
+    from specgate.decoding.sampling import SamplingParams
+
+    cfg = EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"], exact=setup["exact"],
+                       queue_timeout_s=1e6)
+    runner = BatchRunner(load_target(cfg, cfg.model, num_slots=1, exact=cfg.exact), cfg)
+
+    def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:
+        times: list[float] = []
+        out: list[int] = []
+        done = threading.Event()
+
+        def emit(ev: Event) -> None:
+            for tok in ev.tokens:
+                times.append(time.perf_counter())
+                out.append(tok)
+            if ev.finished:
+                done.set()
+
+        start = time.perf_counter()
+        runner.submit(GenerationRequest(input_ids=ids, max_new_tokens=max_tokens, end_id=eos, sampling=SamplingParams(temperature=temperature, seed=seed)), emit)
+        done.wait()
+        return _timed(start, times, out)
+
+    return decode

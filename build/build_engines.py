@@ -61,6 +61,8 @@ def build_cpu(args: argparse.Namespace) -> None:
         "max_context": args.max_context,
         "max_output_len": args.max_output_len,
         "num_threads": args.threads,
+        "exact": args.exact,
+        "stream_interval_ms": args.stream_interval_ms,
     }
     target_cfg = eng_dir / "target_engine.json"
     target_cfg.write_text(EngineConfig.model_validate({**common, "max_batch_size": args.max_batch_size}).model_dump_json(indent=2))
@@ -112,6 +114,10 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="compute threads per engine (0: one per core for llama.cpp, the launcher's setting for torch)")
+    ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
+                    help="llama.cpp's batch-invariant mode: greedy output identical across routes, budgets and batches (docs/engines.md, 'Exact greedy')")
+    ap.add_argument("--stream-interval-ms", type=float, default=EngineConfig.model_fields["stream_interval_ms"].default,
+                    help="streamed responses at most this often; 0 = one per decode step")
     ap.add_argument("--calibration-override", default=None, help="JSON of specgate.calibration.CalibrationOverride: measurements spec_engine pins (tests)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)

@@ -1,13 +1,23 @@
 """Install llama-cpp-python, built from source for this CPU's instruction sets (`make setup`).
 
+Three choices are made here rather than by pip's own build:
+- the instruction sets (below);
+- ggml's own thread pool instead of OpenMP (`-DGGML_OPENMP=OFF`, always): the engines decode from
+  worker threads, and with OpenMP a second thread that ever ran a parallel region (a decode, or a
+  PyTorch op with more than one thread) puts libgomp into its throttled mode for the whole process,
+  where waiting threads sleep instead of spinning: decodes ran 2.9x slower (docs/engines.md, "Threads");
+- the batch-invariance switch patched into llama.cpp's CPU kernels (build/llamacpp_patch.py), which
+  the engines' exact mode turns on.
+
 Why by hand: pip builds llama.cpp with `-march=native`, which also turns on AMX where the CPU has
 it, and ggml's AMX path segfaults on some Sapphire Rapids machines (ggml-org/llama.cpp#20824, seen
 here on the first decode). So the instruction sets are chosen from /proc/cpuinfo instead, AMX off,
 and the wheel is kept in a cache keyed by that choice: a wheel built on one CPU is never installed
 on a CPU that lacks its instructions (pip's own wheel cache is keyed by the source only).
 
-`LLAMA_CPP_CMAKE_ARGS` replaces the chosen flags (e.g. `-DGGML_NATIVE=OFF` alone builds the
-AVX2-only variant that stands in for an AVX2 machine on a newer one).
+`LLAMA_CPP_CMAKE_ARGS` replaces the chosen instruction-set flags (e.g. `-DGGML_NATIVE=OFF` alone
+builds the AVX2-only variant that stands in for an AVX2 machine on a newer one); the thread pool and
+the patch stay.
 """
 
 from __future__ import annotations
@@ -16,10 +26,16 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llamacpp_patch  # noqa: E402 (a sibling file: this script runs before the project is installed)
+
 VERSION = "0.3.36"  # pinned: the engine is tested against this llama.cpp (vendored in the sdist)
+ALWAYS = "-DGGML_OPENMP=OFF"  # ggml's thread pool, whatever the instruction sets (see above)
 CACHE = Path(os.environ.get("SPECGATE_WHEEL_CACHE", Path.home() / ".cache" / "specgate" / "wheels"))
 
 # ggml CMake option -> the /proc/cpuinfo flags it needs (x86-64). AMX stays off (see above).
@@ -57,24 +73,38 @@ def cmake_args(flags: set[str]) -> str:
     return " ".join(["-DGGML_NATIVE=OFF", *opts, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
 
 
+def build_wheel(python: str, args: str, wheel_dir: Path) -> None:
+    """Download the sdist, patch its llama.cpp, and build a wheel from it into `wheel_dir`."""
+    with tempfile.TemporaryDirectory(prefix="llama-cpp-python-") as tmp:
+        cmd = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d", tmp]
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit("[setup] error: downloading the llama-cpp-python source failed")
+        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        src = Path(tmp) / sdist.name.removesuffix(".tar.gz")
+        llamacpp_patch.apply(src / "vendor" / "llama.cpp")
+        cmd = [python, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", str(src), "-w", str(wheel_dir)]
+        if subprocess.run(cmd, env={**os.environ, "CMAKE_ARGS": args}).returncode != 0:
+            raise SystemExit("[setup] error: building llama-cpp-python failed (it needs cmake and a C++ compiler)")
+
+
 def _log(msg: str) -> None:
     print(f"[setup] {msg}", flush=True)
 
 
 def main() -> None:
     python = sys.executable
-    args = cmake_args(cpu_flags())
-    key = hashlib.sha256(f"{VERSION} {args}".encode()).hexdigest()[:16]
+    args = f"{cmake_args(cpu_flags())} {ALWAYS}"
+    key = hashlib.sha256(f"{VERSION} {args} {llamacpp_patch.fingerprint()}".encode()).hexdigest()[:16]
     wheel_dir = CACHE / f"llama-cpp-python-{VERSION}-{key}"
     wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
     if not wheels:
-        _log(f"building llama-cpp-python {VERSION} from source (llama.cpp; several minutes on 2 cores)")
+        _log(f"building llama-cpp-python {VERSION} from source, patched (llama.cpp; several minutes on 2 cores)")
         _log(f"CMAKE_ARGS={args}")
         start = time.monotonic()
         wheel_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [python, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", f"llama-cpp-python=={VERSION}", "-w", str(wheel_dir)]
-        if subprocess.run(cmd, env={**os.environ, "CMAKE_ARGS": args}).returncode != 0:
-            raise SystemExit("[setup] error: building llama-cpp-python failed (it needs cmake and a C++ compiler)")
+        build_wheel(python, args, wheel_dir)
         wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
         _log(f"built {wheels[-1].name} in {time.monotonic() - start:.0f} s (cached in {wheel_dir})")
     else:

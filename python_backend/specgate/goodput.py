@@ -42,6 +42,7 @@ class CostCurve(BaseModel):
     ms: list[float] = Field(min_length=1)
     context: int = 0
     measured: bool = True  # False: injected (tests, or an operator's override)
+    floor_ms: float | None = None  # a bare loop of plain one-token decodes, measured beside the curve
 
     @model_validator(mode="after")
     def _shape(self) -> "CostCurve":

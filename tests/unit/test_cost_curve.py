@@ -58,6 +58,7 @@ def test_a_draft_is_charged_its_decode_and_the_replanning_it_causes() -> None:
     target = ScriptedTarget()
     curve = measure(target, slot=0, sizes=(1, 2, 4, 8), context=32, reps=3)
     assert curve.cost(1) == pytest.approx(PER_TOKEN_MS)  # a plain step between plain steps
+    assert curve.floor_ms == pytest.approx(PER_TOKEN_MS)  # plain steps in a row
     for t in (2, 4, 8):  # its own re-plan, and the plain step's after it
         assert curve.cost(t) == pytest.approx(PER_TOKEN_MS * t + 2 * REPLAN_MS)
     assert curve.context == 32 and target.contexts == {32}  # every decode at the same context

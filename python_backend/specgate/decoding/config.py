@@ -26,6 +26,10 @@ class EngineConfig(BaseModel):
     max_queue_size: int = Field(64, ge=1, description="waiting requests beyond the batch")
     queue_timeout_s: float = Field(60.0, gt=0, description="how long a request may wait for a slot")
     num_threads: int = Field(0, ge=0, description="compute threads; 0 = one per core (llamacpp) / torch's setting (torch)")
+    # llama.cpp only (the fp32 PyTorch engine is exact as it is): a token's logits do not depend on
+    # what else its decode holds, so greedy output is one answer whatever the route, the draft
+    # budget or the batch (docs/engines.md, "Exact greedy", with what it costs)
+    exact: bool = Field(True, description="llamacpp: batch-invariant kernels (greedy output identical across routes, budgets and batches)")
     # each streamed response costs work in the gate, postprocessing and the HTTP front on the cores
     # llama.cpp decodes on, so fewer of them keep the streamed baseline near plain llama.cpp
     # (docs/engines.md, "Threads, and engines that take turns")

@@ -27,6 +27,9 @@ def measure(target: Target, slot: int, sizes: tuple[int, ...] = SIZES, context: 
     its compute graph only while the batch shape stays the same (specgate/live_curve.py counts the
     same way when serving). Sizes are interleaved within each repetition so that machine noise
     spreads over all of them; `slot` is left released.
+
+    Each repetition also times a run of plain one-token decodes in a row (the steady graph of a bare
+    decode loop): the floor, which cost(1) must agree with (speculative/calibrate.py checks).
     """
     rng = random.Random(seed)
     vocab = target.info.vocab_size
@@ -39,9 +42,13 @@ def measure(target: Target, slot: int, sizes: tuple[int, ...] = SIZES, context: 
         return target.last_verify_ms
 
     samples: dict[int, list[float]] = {t: [] for t in sizes}
+    floor: list[float] = []
     try:
         target.prefill(slot, [rng.randrange(vocab) for _ in range(context)], features=False)
         for rep in range(reps + 1):  # the first repetition warms caches and allocations, not counted
+            steady = [decode(1) for _ in range(4)]
+            if rep:
+                floor.append(statistics.median(steady[1:]))
             for t in sizes:
                 decode(1)  # back on the plain step's graph
                 plain = decode(1)
@@ -51,4 +58,6 @@ def measure(target: Target, slot: int, sizes: tuple[int, ...] = SIZES, context: 
                     samples[t].append(plain if t == 1 else draft + after - plain)
     finally:
         target.release(slot)
-    return CostCurve(tokens=list(sizes), ms=[max(statistics.median(samples[t]), 1e-3) for t in sizes], context=context)
+    return CostCurve(
+        tokens=list(sizes), ms=[max(statistics.median(samples[t]), 1e-3) for t in sizes], context=context, floor_ms=statistics.median(floor)
+    )

@@ -16,6 +16,17 @@ many sequences. Each slot is a llama.cpp sequence id.
 Features for EAGLE are the per-token hidden states after the final norm, which llama.cpp returns
 next to the logits when embeddings are on (pooling none). With embeddings on, llama.cpp outputs
 every token of a decode, so they are switched on only for decodes whose features are wanted.
+
+Exact mode (`exact=True`): a token's logits are bit-identical whatever the decode holds (one
+token, a verified tree, the tokens of other sequences). It turns on the patched ggml's
+batch-invariant kernels for this target's decodes, keeps weights in their file layout (repacked
+weights have one kernel for one row and another for many), and keeps the cache's cells in
+position order: a tree whose accepted path is not its first children leaves holes that later
+tokens would fill out of order, so the accepted tokens past the first hole are dropped from the
+cache and decoded again at the front of the next decode (docs/engines.md, "Exact greedy").
+
+Decodes run on a persistent ggml thread pool whose idle workers sleep at once (poll 0): between
+decodes the cores belong to the rest of the server (docs/engines.md, "Threads").
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import ctypes
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +43,14 @@ import torch
 from torch import Tensor
 
 from specgate.decoding.compute_lock import compute_lock
+from specgate.decoding.llamacpp_native import native
 from specgate.decoding.target import Target, TargetInfo
 from specgate.decoding.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
 N_BATCH = 512  # tokens per decode call; longer prompts are fed in chunks
+POLL = 0  # how long the pool's idle workers spin after a decode (0..100): not at all
 
 
 def _llama_cpp():  # imported lazily: the torch engine and the gate never need it
@@ -57,12 +71,29 @@ def _quiet_logs(L) -> None:  # type: ignore[no-untyped-def]
         L.llama_backend_init()
 
 
+@dataclass
+class _Verified:
+    """The last verified tree, until `commit`."""
+
+    slot: int
+    start: int  # the root's position
+    seqs: list[int]  # sequence id per branch (the slot's own first)
+    first_branch: list[int]  # node -> the first branch through it
+    tokens: list[int]  # node -> token
+    row: list[int]  # (root, nodes) -> its row after the root in the decode, i.e. its cell after the root's
+
+
 class LlamaCppTarget(Target):
-    def __init__(self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0) -> None:
+    def __init__(self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0, exact: bool = False) -> None:
         L = self._L = _llama_cpp()
         _quiet_logs(L)
         self.gguf = Path(gguf)
-        self._model = L.llama_model_load_from_file(str(self.gguf).encode(), L.llama_model_default_params())
+        self.exact = exact
+        self._native = native()
+        self._native.set_batch_invariant(exact)  # fails here, not at the first decode, without the patch
+        mp = L.llama_model_default_params()
+        mp.use_extra_bufts = not exact  # repacked weights: one kernel for a row, another for many
+        self._model = L.llama_model_load_from_file(str(self.gguf).encode(), mp)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {self.gguf}")
         self.trees = tree_nodes > 0
@@ -81,6 +112,8 @@ class LlamaCppTarget(Target):
         self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {cells} cells")
+        self._pool = self._native.threadpool(threads, POLL)
+        self._native.attach(self._ctx, self._pool)
         self._mem = L.llama_get_memory(self._ctx)
         self._embeddings_on = False
         self._turn = compute_lock()
@@ -97,8 +130,9 @@ class LlamaCppTarget(Target):
             max_context=max_context,
             num_slots=num_slots,
         )
-        self._len: dict[int, int] = {}
-        self._verified: tuple[int, int, list[int], list[int]] | None = None  # slot, start, branch seqs, node -> branch
+        self._len: dict[int, int] = {}  # tokens in the cache, per slot
+        self._redo: dict[int, list[int]] = {}  # exact mode: accepted tokens taken out of the cache, decoded next
+        self._verified: _Verified | None = None
         self._n_seq_max = cp.n_seq_max
         self._extra_seqs = list(range(num_slots, cp.n_seq_max))
         self._batch = L.llama_batch_init(N_BATCH, 0, cp.n_seq_max)
@@ -118,6 +152,8 @@ class LlamaCppTarget(Target):
             L.llama_batch_free(self._batch)
         if getattr(self, "_ctx", None):
             L.llama_free(self._ctx)
+        if getattr(self, "_pool", None):
+            self._native.free_threadpool(self._pool)
         if getattr(self, "_model", None):
             L.llama_model_free(self._model)
 
@@ -129,6 +165,7 @@ class LlamaCppTarget(Target):
             L.llama_set_embeddings(self._ctx, features)
             self._embeddings_on = features
         self._batch.n_tokens = n
+        self._native.set_batch_invariant(self.exact)
         with self._turn:
             start = time.perf_counter()
             rc = L.llama_decode(self._ctx, self._batch)
@@ -156,6 +193,8 @@ class LlamaCppTarget(Target):
             raise ValueError(f"one step holds at most {N_BATCH} tokens, got {total}")
         i = 0
         for slot, tokens in items:
+            if self._redo.get(slot):
+                raise ValueError(f"slot {slot} has a verified tree to finish: forward() serves plain sequences")
             start = self._len.setdefault(slot, 0)
             for j, tok in enumerate(tokens):
                 self._put(i, tok, start + j, (slot,), j == len(tokens) - 1)
@@ -164,6 +203,8 @@ class LlamaCppTarget(Target):
         return self._decode(i, len(items), features=False)[0]
 
     def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+        redo = self._redo.pop(slot, [])
+        tokens = [*redo, *tokens]  # tokens of the last tree that left the cache first, in order
         base = self._len.setdefault(slot, 0)
         hidden: list[Tensor] = []
         logits = torch.empty(0)
@@ -176,16 +217,23 @@ class LlamaCppTarget(Target):
             if h is not None:
                 hidden.append(h)
         self._len[slot] = base + len(tokens)
-        return logits, torch.cat(hidden) if features else None
+        return logits, torch.cat(hidden)[len(redo) :] if features else None
 
     def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
-        start = self._len[slot]
+        # Accepted tokens of the last tree that left the cache (exact mode) go first, in every
+        # branch's sequence: they are the prefix of the root.
+        redo = self._redo.pop(slot, [])
+        base = self._len[slot]
+        start = base + len(redo)  # the root's position
+        self._len[slot] = start
         if not len(tree):  # a plain step (budget 0): the root alone, on the slot's own sequence
-            self._put(0, root, start, (slot,), True)
-            self._verified = (slot, start, [slot], [])
-            logits, hidden = self._decode(1, 1, features)
+            for j, tok in enumerate(redo):
+                self._put(j, tok, base + j, (slot,), False)
+            self._put(len(redo), root, start, (slot,), True)
+            self._verified = _Verified(slot, start, [slot], [], [], [0])
+            logits, hidden = self._decode(len(redo) + 1, 1, features)
             self.last_verify_ms = self._decode_ms
-            return logits, hidden
+            return logits, None if hidden is None else hidden[len(redo) :]
         branches = tree.branches()  # one per leaf: the node ids from the root's child to the leaf
         seqs = [slot] + self._extra_seqs[: max(0, len(branches) - 1)]
         if len(seqs) < len(branches):
@@ -197,7 +245,9 @@ class LlamaCppTarget(Target):
         for b, nodes in enumerate(branches):
             for node in nodes:
                 member[node].append(seqs[b])
-        self._put(0, root, start, seqs, True)
+        for j, tok in enumerate(redo):
+            self._put(j, tok, base + j, seqs, False)
+        self._put(len(redo), root, start, seqs, True)
         # Depth-first, first child first: cells are taken in batch order, so a path of first children
         # (each node's most likely candidate) gets consecutive cells and the cache after `commit` is
         # laid out exactly as after decoding that path as a chain (a hole between cells changes the
@@ -205,47 +255,60 @@ class LlamaCppTarget(Target):
         order = tree.depth_first()
         depth, tokens = tree.depth.tolist(), tree.tokens.tolist()
         for row, i in enumerate(order, start=1):
-            self._put(row, tokens[i], start + depth[i], member[i], True)
-        self._verified = (slot, start, seqs, [m[0] for m in member])
-        logits, hidden = self._decode(1 + len(tree), 1 + len(tree), features)
-        self.last_verify_ms = self._decode_ms
-        back = [0] * (1 + len(tree))  # (root, nodes) -> batch row
+            self._put(len(redo) + row, tokens[i], start + depth[i], member[i], True)
+        back = [0] * (1 + len(tree))  # (root, nodes) -> row after the root
         for row, i in enumerate(order, start=1):
             back[1 + i] = row
+        self._verified = _Verified(slot, start, seqs, [m[0] for m in member], tokens, back)
+        logits, hidden = self._decode(len(redo) + 1 + len(tree), 1 + len(tree), features)
+        self.last_verify_ms = self._decode_ms
+        if hidden is not None:
+            hidden = hidden[len(redo) :]
         return logits[back], None if hidden is None else hidden[back]
 
     def commit(self, slot: int, keep: Sequence[int]) -> None:
-        if self._verified is None or self._verified[0] != slot or not keep or keep[0] != 0:
+        v = self._verified
+        if v is None or v.slot != slot or not keep or keep[0] != 0:
             raise ValueError("commit must follow verify on the same slot and keep the root first")
-        _, start, seqs, first_branch = self._verified
         self._verified = None
         L, mem = self._L, self._mem
         # the accepted path lies on the branch that the deepest accepted node names first
-        best = first_branch[keep[-1] - 1] if len(keep) > 1 else slot
-        for s in seqs:
+        best = v.first_branch[keep[-1] - 1] if len(keep) > 1 else slot
+        for s in v.seqs:
             if s != best:
                 L.llama_memory_seq_rm(mem, s, -1, -1)
-        L.llama_memory_seq_rm(mem, best, start + len(keep), -1)  # the branch below the accepted depth
+        in_place = len(keep)
+        if self.exact:  # the kept cells are in position order up to the first node whose row is not its depth
+            in_place = next((d for d, node in enumerate(keep) if v.row[node] != d), len(keep))
+            if in_place < len(keep):
+                self._redo[slot] = [v.tokens[node - 1] for node in keep[in_place:]]
+        L.llama_memory_seq_rm(mem, best, v.start + in_place, -1)  # the branch below what stays in the cache
         if best != slot:
             L.llama_memory_seq_cp(mem, best, slot, -1, -1)
             L.llama_memory_seq_rm(mem, best, -1, -1)
-        self._len[slot] = start + len(keep)
+        self._len[slot] = v.start + in_place
 
     def truncate(self, slot: int, length: int) -> None:
-        if length < self._len.get(slot, 0):
-            self._L.llama_memory_seq_rm(self._mem, slot, length, -1)
-            self._len[slot] = length
+        cached = self._len.get(slot, 0)
+        if length >= cached:  # only tokens waiting to be decoded again go
+            if slot in self._redo:
+                self._redo[slot] = self._redo[slot][: length - cached]
+            return
+        self._redo.pop(slot, None)
+        self._L.llama_memory_seq_rm(self._mem, slot, length, -1)
+        self._len[slot] = length
 
     def release(self, slot: int) -> None:
         self._L.llama_memory_seq_rm(self._mem, slot, -1, -1)
         self._len.pop(slot, None)
-        if self._verified is not None and self._verified[0] == slot:  # a tree verified but never committed
-            for s in self._verified[2][1:]:
+        self._redo.pop(slot, None)
+        if self._verified is not None and self._verified.slot == slot:  # a tree verified but never committed
+            for s in self._verified.seqs[1:]:
                 self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
             self._verified = None
 
     def length(self, slot: int) -> int:
-        return self._len.get(slot, 0)
+        return self._len.get(slot, 0) + len(self._redo.get(slot, ()))
 
     def cached_tokens(self) -> int:
         """What llama.cpp itself holds, over every sequence id (tree branches included), not our

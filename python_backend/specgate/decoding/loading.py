@@ -10,12 +10,14 @@ from specgate.decoding.config import EngineConfig
 from specgate.decoding.target import Target
 
 
-def load_target(cfg: EngineConfig, model: Path, num_slots: int, tree_nodes: int = 0) -> Target:
-    """`model` on cfg's backend with `num_slots` sequences; `tree_nodes` > 0 lets it verify draft trees."""
+def load_target(cfg: EngineConfig, model: Path, num_slots: int, tree_nodes: int = 0, exact: bool = False) -> Target:
+    """`model` on cfg's backend with `num_slots` sequences; `tree_nodes` > 0 lets it verify draft trees.
+    `exact`: llama.cpp's batch-invariant mode (the served targets take cfg.exact; a draft model's
+    tokens are only proposals, so it never needs it). The fp32 PyTorch engine is exact as it is."""
     if cfg.backend == "llamacpp":
         from specgate.decoding.llamacpp_target import LlamaCppTarget
 
-        return LlamaCppTarget(model, cfg.max_context, num_slots, cfg.threads, tree_nodes)
+        return LlamaCppTarget(model, cfg.max_context, num_slots, cfg.threads, tree_nodes, exact=exact)
     from specgate.decoding.torch_target import TorchTarget
 
     if cfg.num_threads:

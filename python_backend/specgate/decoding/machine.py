@@ -48,6 +48,24 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def wait_until_idle(max_busy: float = 0.1, window_s: float = 1.0, timeout_s: float = 120.0) -> float:
+    """Wait until the whole machine is idle: at most `max_busy` of its CPU time used over `window_s`.
+
+    Measuring while something else computes (a server's other models loading, a benchmark's other
+    processes) measures the contention: spec_engine once published a one-token decode at 6x its
+    true cost that way. Returns the busy fraction seen last; gives up after `timeout_s`.
+    """
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = psutil.cpu_percent(interval=window_s) / 100
+        if busy <= max_busy or time.monotonic() > deadline:
+            return busy
+
+
 @lru_cache(maxsize=1)
 def machine() -> Machine:
     model, flags = _cpuinfo()

@@ -37,6 +37,10 @@ import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 
+# Triton's cancellation flag is an IPC round trip to the server (about 0.1 ms, and it wakes a server
+# thread on the cores the engine decodes on): asked at most this often, not at every decode step.
+CANCEL_POLL_S = 0.02
+
 
 def parse_engine_request(request: Any, cfg: EngineConfig) -> tuple[GenerationRequest, bool]:
     """Contract tensors -> GenerationRequest (+ streaming flag). Raises InvalidInput."""
@@ -98,6 +102,7 @@ class ResponseStream:
         self.last: Event | None = None  # the newest event (stats, flags)
         self.failed = False  # a send raised: the client is gone
         self.cancelled = False  # the client cancelled (Triton's flag) or the gate asked (PARAM_CANCEL)
+        self.polled = float("-inf")  # when Triton's flag was last asked
         self.scheduled = False
         self.lock = threading.Lock()
 
@@ -115,8 +120,9 @@ class ResponseStream:
         self.cancelled = True
 
     def is_cancelled(self) -> bool:
-        if not (self.failed or self.cancelled) and self.sender.is_cancelled():  # an IPC: asked last
-            self.cancelled = True
+        if not (self.failed or self.cancelled) and time.monotonic() - self.polled >= CANCEL_POLL_S:
+            self.polled = time.monotonic()
+            self.cancelled = self.sender.is_cancelled()  # the IPC: asked last, and not too often
         return self.failed or self.cancelled
 
     def flush(self) -> None:
@@ -269,7 +275,7 @@ class BaselineEngineModel(EngineModel):
     def make_runner(self, cfg: EngineConfig) -> Any:
         from specgate.decoding.batch_runner import BatchRunner
 
-        return BatchRunner(load_target(cfg, cfg.model, num_slots=cfg.max_batch_size), cfg)
+        return BatchRunner(load_target(cfg, cfg.model, num_slots=cfg.max_batch_size, exact=cfg.exact), cfg)
 
     def runner_target(self) -> Target:
         return self.runner.target
@@ -281,7 +287,7 @@ class SpeculativeEngineModel(EngineModel):
         from specgate.speculative.spec_runner import SpeculativeRunner
 
         tree_nodes = max(ALGORITHMS[name].max_k for name in ALGORITHMS)
-        target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes)
+        target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes, exact=cfg.exact)
         self.cost_gauge = pb_utils.MetricFamily(
             name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified", kind=pb_utils.MetricFamily.GAUGE
         )

@@ -16,13 +16,16 @@ import torch
 from specgate.algorithms import ALGORITHMS
 from specgate.calibration import Calibration, CalibrationOverride
 from specgate.decoding.cost_curve import measure
-from specgate.decoding.machine import machine
+from specgate.decoding.machine import machine, wait_until_idle
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
 from specgate.goodput import CostCurve
 from specgate.speculative.drafter import Drafter
 
 log = logging.getLogger(__name__)
+
+FLOOR_TOLERANCE = 0.15  # cost(1) may differ this much from the bare decode loop measured beside it
+ATTEMPTS = 3  # measurements of the curve, at most, until one agrees with its floor
 
 
 def time_drafter(target: Target, drafter: Drafter, k: int, context: int = 128, steps: int = 4, seed: int = 0) -> float:
@@ -49,14 +52,40 @@ def time_drafter(target: Target, drafter: Drafter, k: int, context: int = 128, s
     return sorted(times)[len(times) // 2]
 
 
-def calibrate(target: Target, drafters: dict[str, Drafter], override: CalibrationOverride | None = None) -> Calibration:
-    """Measure the curve and every drafter's cost on `target` (slot 0, idle), except what `override` pins."""
+def measure_checked(target: Target, sizes: tuple[int, ...] | None = None) -> CostCurve:
+    """The curve, measured again (up to ATTEMPTS times) until its cost(1) agrees with the bare decode
+    loop measured beside it; the closest attempt otherwise, with a warning. Disagreement means the
+    machine was busy with something else during part of the measurement."""
+    best: CostCurve | None = None
+    for attempt in range(ATTEMPTS):
+        curve = measure(target, slot=0) if sizes is None else measure(target, slot=0, sizes=sizes)
+        error = abs(curve.ms[0] / curve.floor_ms - 1)
+        if best is None or error < abs(best.ms[0] / best.floor_ms - 1):
+            best = curve
+        if error <= FLOOR_TOLERANCE:
+            return curve
+        log.info("cost(1) %.2f ms is %.0f%% from the bare decode loop's %.2f ms (attempt %d): measuring again",
+                 curve.ms[0], 100 * error, curve.floor_ms, attempt + 1)
+    assert best is not None
+    log.warning("cost(1) %.2f ms stays %.0f%% from the bare decode loop's %.2f ms: the machine was busy; serving will correct the curve",
+                best.ms[0], 100 * abs(best.ms[0] / best.floor_ms - 1), best.floor_ms)
+    return best
+
+
+def calibrate(
+    target: Target, drafters: dict[str, Drafter], override: CalibrationOverride | None = None, idle_timeout_s: float = 0.0
+) -> Calibration:
+    """Measure the curve and every drafter's cost on `target` (slot 0, idle), except what `override` pins.
+    `idle_timeout_s` > 0: first wait (that long at most) until nothing else computes on the machine."""
     start = time.perf_counter()
     override = override or CalibrationOverride()
+    if idle_timeout_s > 0:
+        busy = wait_until_idle(timeout_s=idle_timeout_s)
+        log.info("calibrating after %.0f s (machine %.0f%% busy)", time.perf_counter() - start, 100 * busy)
     if override.cost_ratios:
-        curve = CostCurve.of_ratios(override.cost_ratios, base_ms=measure(target, slot=0, sizes=(1,)).ms[0])
+        curve = CostCurve.of_ratios(override.cost_ratios, base_ms=measure_checked(target, sizes=(1,)).ms[0])
     else:
-        curve = measure(target, slot=0)
+        curve = measure_checked(target)
     draft_ms = {
         name: override.draft_ms[name] if name in override.draft_ms else time_drafter(target, d, ALGORITHMS[name].default_k)
         for name, d in drafters.items()

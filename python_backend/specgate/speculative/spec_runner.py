@@ -30,6 +30,10 @@ from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 log = logging.getLogger(__name__)
 
 REPUBLISH_DRIFT = 1.1  # republish the calibration once the live curve moved this factor from it
+# Calibration waits (at most this long) for the machine to go idle: at load the server's other
+# models are still starting on the same cores.
+IDLE_WAIT_AT_LOAD_S = 30.0
+IDLE_WAIT_S = 5.0
 
 Emit = Callable[[Event], None]
 
@@ -48,6 +52,7 @@ class _Job:
 class _Calibrate:
     override: CalibrationOverride | None  # pinned measurements, or None to measure everything
     done: Callable[[Calibration | Exception], None]
+    idle_wait_s: float = IDLE_WAIT_S
 
 
 class SpeculativeRunner:
@@ -70,7 +75,7 @@ class SpeculativeRunner:
         self._q: queue.Queue[_Job | _Calibrate | None] = queue.Queue()
         self._hand_over_before = float("-inf")  # jobs enqueued at or before this stop at their next step
         if calibrated:
-            self._q.put(_Calibrate(cfg.calibration_override, lambda _: None))
+            self._q.put(_Calibrate(cfg.calibration_override, lambda _: None, IDLE_WAIT_AT_LOAD_S))
         self._thread = threading.Thread(target=self._loop, name="spec-runner", daemon=True)
         self._thread.start()
 
@@ -122,7 +127,7 @@ class SpeculativeRunner:
 
     def _calibrate(self, item: _Calibrate) -> None:
         try:
-            cal = calibrate(self.generator.target, self.generator.drafters, item.override)
+            cal = calibrate(self.generator.target, self.generator.drafters, item.override, idle_timeout_s=item.idle_wait_s)
             self.generator.set_curve(cal.curve)
             for name in cal.algorithms:
                 self.generator.draft_cost[name] = cal.draft_cost(name)
