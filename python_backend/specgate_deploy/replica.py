@@ -87,8 +87,12 @@ class Replica:
             self._start_front()
             return True
         if self.status in ("starting", "restarting") and is_ready(self.ports):
-            if self.front is None:
-                self._start_front()
+            if self.front is not None:
+                # A new front with the new server: the old one's gRPC channel backs off its reconnects
+                # (up to minutes) after its server died, and would answer 503 meanwhile. Its own
+                # requests ended when the old server died, each with its error sent.
+                launcher.stop(self.front, timeout_s=FRONT_STOP_S)
+            self._start_front()
             self.status = "ready"
             print(f"[replicas] {self.name}: ready after {time.monotonic() - self._started_at:.0f} s "
                   f"(HTTP :{self.ports.http}, gRPC :{self.ports.grpc}, metrics :{self.ports.metrics}, front :{self.ports.front})", flush=True)
