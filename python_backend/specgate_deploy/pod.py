@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     print(f"[pod] secrets from {args.secrets}: {', '.join(install_secrets(args.secrets)) or 'none (created at first start)'}", flush=True)
     name = os.environ.get("POD_NAME", socket.gethostname())
-    replica = Replica(name, launcher.Ports(), args.model_repository, args.log_dir, args.drain_s)
+    env = lambda k, d: int(os.environ.get(k, d))  # noqa: E731 (the launcher's port variables)
+    ports = launcher.Ports(env("HTTP_PORT", 8000), env("GRPC_PORT", 8001), env("METRICS_PORT", 8002), env("FRONT_PORT", 9000))
+    replica = Replica(name, ports, args.model_repository, args.log_dir, args.drain_s, restart_on_exit=False)
     if args.engine == "trtllm":
         replica.server_factory = trtllm_server(args.spec)
     stop = threading.Event()

@@ -54,6 +54,7 @@ class Replica:
     admin_header: str = launcher.ADMIN_HEADER
     # how tritonserver starts: the launcher's CPU server, or the tensorrtllm one (pod.py)
     server_factory: Callable[..., subprocess.Popen] = launcher.start
+    restart_on_exit: bool = True  # False in a container: its end is the kubelet's to see (pod.py)
     server: subprocess.Popen | None = None
     front: subprocess.Popen | None = None
     status: ReplicaStatus = "stopped"
@@ -77,6 +78,8 @@ class Replica:
         if self.server is None or self.status in ("draining", "stopped"):
             return False
         if self.server.poll() is not None:
+            if not self.restart_on_exit:
+                return False
             print(f"[replicas] {self.name}: tritonserver (pid {self.server.pid}) exited with code {self.server.returncode}; restarting it", flush=True)
             launcher.stop(self.server)  # its stubs, which a killed server leaves behind
             self.restarts += 1

@@ -318,8 +318,13 @@ def test_prometheus_answers_rules_and_dashboard_from_both_replicas(cluster: Clus
         expr = promql(query)
         assert cluster.prom(expr), f"dashboard query has no data: {expr}"
         for metric in set(_METRIC.findall(expr)):
-            got = {r["metric"].get("pod") for r in cluster.prom(f"count by (pod) ({metric})")}
-            assert got == pods, f"{metric} (in {expr}) has data from {got}, not both replicas"
+            # within a few scrapes of the requests above
+            pods_of = lambda m=metric: {r["metric"].get("pod") for r in cluster.prom(f"count by (pod) ({m})")}  # noqa: E731
+            try:
+                wait_for(f"{metric} from both replicas", lambda: pods_of() == pods, 20, 1)
+            except AssertionError:
+                direct = {r.name: [k for k in scrape(r.ports.metrics) if k[0] == metric] for r in cluster.state.replicas}
+                raise AssertionError(f"{metric} (in {expr}) has data from {pods_of()} in Prometheus; on the replicas: {direct}") from None
 
 
 # --- drain ---------------------------------------------------------------------------------------
