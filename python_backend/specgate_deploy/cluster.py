@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.replicas < 1:
         raise SystemExit("--replicas must be at least 1")
-    require("haproxy"), require("prometheus")  # before anything starts
+    for tool in ("haproxy", "prometheus"):  # before anything starts
+        require(tool)
     if not (args.model_repository / "llm" / "config.pbtxt").exists():
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     public = PublicPorts(http=args.http_port, grpc=args.grpc_port, front=args.front_port, prometheus=args.prometheus_port,

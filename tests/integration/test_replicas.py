@@ -3,7 +3,8 @@ Debian's HAProxy, a real Prometheus scraping both, the supervisor restarting wha
 
 Kept short for CI on 2 cores: 16-token requests, a dozen of them per run. The tests run in order on
 one cluster (module fixture): canary, kill -9 under load, policy reload, Prometheus, drain.
-Skipped only where haproxy or prometheus is not installed (.ci/run installs both).
+Skipped only where haproxy or prometheus is not installed (.ci/run installs both). Ports: a free
+block of 40 from 21000 up, or TEST_REPLICAS_PORT_BASE= (replicas at BASE.., public ports at BASE+30..).
 """
 
 from __future__ import annotations
