@@ -18,6 +18,8 @@ DURATION ?= 60s
 .PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-gate bench-batching bench-front bench-report loadtest train-eagle gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
+	@PATH="$$PATH:/usr/sbin" command -v haproxy >/dev/null && command -v prometheus >/dev/null || \
+	  echo "[setup] make serve REPLICAS=N and its tests need HAProxy and Prometheus: apt-get install haproxy prometheus (as root)"
 
 $(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -33,8 +35,12 @@ else
 	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(filter 0 false no,$(EXACT)),--no-exact)
 endif
 
-serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=)
+serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=); REPLICAS=N: N of them behind HAProxy with a Prometheus (docs/deploy.md)
+ifdef REPLICAS
+	$(VPY) -m specgate_deploy --replicas $(REPLICAS)
+else
 	$(VPY) -m specgate_launcher
+endif
 
 test: build-engines  ## unit + integration tests (starts its own tritonserver on ports 18000-18002)
 	$(VPY) -m pytest -q

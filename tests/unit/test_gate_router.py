@@ -156,10 +156,36 @@ def test_canary_is_deterministic_and_close_to_its_percentage(tmp_path: Path) -> 
     again = [decide(g, request_id=f"req-{i}")[1] for i in range(4000)]
     assert first == again and set(first) == {"canary_in", "canary_out"}
     assert abs(first.count("canary_in") / 4000 - 0.30) < 0.03
-    # anonymous requests still split; an explicit request for prod skips the canary
-    anon = [decide(g)[1] for _ in range(1000)]
+    # requests without an id split by their content's digest; an explicit request for prod skips the canary
+    anon = [decide(g, canary_key=f"content-{i}")[1] for i in range(1000)]
     assert 0.2 < anon.count("canary_in") / 1000 < 0.4
     assert {decide(g, request_id=f"req-{i}", spec_header="prod")[1] for i in range(200)} == {"prod"}
+
+
+def test_canary_is_the_same_on_every_replica(tmp_path: Path) -> None:
+    """Two gates (two replicas behind a load balancer) with different histories put every request on
+    the same side: the decision comes from the request (its id, else its content digest), not from
+    a process's counter or state."""
+    policy = "mode: prod\ncanary_percent: 50\nload: {max_in_flight: null}\n"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = make_gate(tmp_path / "a", policy), make_gate(tmp_path / "b", policy)
+    for i in range(37):  # b has served other requests first
+        decide(b, canary_key=f"other-{i}")
+    keys = [{"canary_key": f"content-{i}"} for i in range(200)] + [{"request_id": f"id-{i}", "canary_key": "same"} for i in range(200)]
+    on_a = [decide(a, **k)[1] for k in keys]
+    assert on_a == [decide(b, **k)[1] for k in keys]
+    assert set(on_a[:200]) == set(on_a[200:]) == {"canary_in", "canary_out"}  # the id, when there is one, decides
+
+
+def test_content_digest_follows_the_request() -> None:
+    from specgate.serving.llm_request import content_digest
+
+    base = {"max_tokens": 16, "temperature": 0.5, "seed": 7, "api_key": "k", "request_id": "", "canary_key": ""}
+    assert content_digest([1, 2, 3], base) == content_digest([1, 2, 3], dict(reversed(base.items())))
+    assert content_digest([1, 2, 3], base) != content_digest([1, 2, 4], base)
+    assert content_digest([1, 2, 3], base) != content_digest([1, 2, 3], {**base, "seed": 8})
+    assert content_digest([1, 2, 3], base) == content_digest([1, 2, 3], {**base, "request_id": "x", "top_k": None})
 
 
 def test_canary_bounds(tmp_path: Path) -> None:

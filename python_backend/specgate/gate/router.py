@@ -12,7 +12,7 @@ Then the rules, in this order; the first that applies names the reason:
 
     mode off                                   -> baseline     mode_off
     temperature > threshold                    -> baseline     temperature
-    prod from policy, hash(request id) > canary-> baseline     canary_out
+    prod from policy, hash(request) > canary   -> baseline     canary_out
     in flight >= load.max_in_flight            -> baseline     load
     prod from policy, drafting cannot pay here -> baseline     no_gain      (spec_engine's calibration)
     breaker open (or half-open, not a probe)   -> baseline     circuit_open
@@ -38,7 +38,6 @@ never logged, exported or echoed in an error.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import os
 import secrets
@@ -106,6 +105,8 @@ class GateRequest(Protocol):
     @property
     def request_id(self) -> str: ...
     @property
+    def canary_key(self) -> str: ...  # a digest of the request's content (the canary hashes it without an id)
+    @property
     def api_key(self) -> str | None: ...
     @property
     def spec_header(self) -> str | None: ...  # the x-speculative-decoding parameter, raw
@@ -124,6 +125,7 @@ class RequestInputs:
     """A plain GateRequest (tests, benchmarks, adapters without an LLMRequest)."""
 
     request_id: str = ""
+    canary_key: str = ""
     api_key: str | None = None
     spec_header: str | None = None
     use_speculative_decoding: bool | None = None
@@ -203,7 +205,6 @@ class Gate:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._mirrors = 0
-        self._anonymous_ids = itertools.count()
         self._labels: dict[str, str] = {}  # tenant name (or ORG) -> label
         self._declared: Loaded | None = None
         self._declare(self._store.snapshot())
@@ -303,7 +304,7 @@ class Gate:
         if inputs.temperature is not None and inputs.temperature > threshold:
             return BASELINE, TEMPERATURE, False, False
         canary = 100.0 if from_request else _override(tenant, "canary_percent", policy.canary_percent)
-        if mode is Mode.PROD and canary < 100.0 and not self._in_canary(inputs.request_id, canary):
+        if mode is Mode.PROD and canary < 100.0 and not _in_canary(inputs.request_id or inputs.canary_key, canary):
             return BASELINE, CANARY_OUT, False, False
         limit = policy.load.max_in_flight
         if limit is not None and in_flight >= limit:
@@ -360,13 +361,6 @@ class Gate:
             raise PolicyError(str(exc)) from None
         return algorithm, k
 
-    def _in_canary(self, request_id: str, percent: float) -> bool:
-        # Deterministic: the same request id always lands on the same side. Requests without an
-        # id get a per-process sequence number, which keeps the percentage.
-        rid = request_id or f"#{next(self._anonymous_ids)}"
-        bucket = int.from_bytes(hashlib.sha256(rid.encode()).digest()[:8], "big") % 10_000
-        return bucket < percent * 100.0
-
     def _label(self, tenant_key: str) -> str:
         label = self._labels.get(tenant_key)
         if label is None:
@@ -414,6 +408,14 @@ def _requested_mode(inputs: GateRequest, policy: Policy) -> Mode | None:
     if inputs.use_speculative_decoding is not None:
         return Mode.PROD if inputs.use_speculative_decoding else Mode.OFF
     return None
+
+
+def _in_canary(key: str, percent: float) -> bool:
+    """Deterministic from the request alone (its id, else a digest of its content), never from process
+    state: every replica behind a load balancer, and a retry on another one, puts a request on the
+    same side of the canary."""
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 10_000
+    return bucket < percent * 100.0
 
 
 def _override(tenant: TenantPolicy | None, field: str, default: Any) -> Any:

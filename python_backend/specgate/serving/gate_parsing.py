@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS
-from specgate.serving.llm_request import LLMRequest, parse_llm_request
+from specgate.serving.llm_request import LLMRequest, content_digest, parse_llm_request
 from specgate.serving.triton_io import optional_array, optional_scalar
 
 GATE_KNOBS = tuple(t for t in LLM_INPUTS if t.step == "spec_gate")
@@ -25,6 +25,8 @@ def parse_gate_request(request: Any, params: dict[str, Any], max_output_len: int
     header = params.get(HEADER_SPEC_MODE)
     fields["spec_header"] = None if header is None else str(header)
     fields["request_id"] = request.request_id() or ""
+    ids = optional_array(request, "input_ids")
+    fields["canary_key"] = content_digest([] if ids is None else [int(t) for t in ids.reshape(-1)], fields)
     return parse_llm_request(fields, max_output_len)
 
 

@@ -6,7 +6,10 @@ can fix the request from the message alone.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -28,6 +31,7 @@ class LLMRequest(BaseModel):
     api_key: str | None = None
     spec_header: str | None = None
     request_id: str = ""
+    canary_key: str = ""  # a digest of the request's content (content_digest, below)
 
     @field_validator("temperature")
     @classmethod
@@ -57,6 +61,14 @@ class LLMRequest(BaseModel):
         if v is not None and v not in SPEC_ALGORITHMS:
             raise ValueError(f"speculative_algorithm must be one of {', '.join(SPEC_ALGORITHMS)}; got {v!r}")
         return v
+
+
+def content_digest(prompt: list[int], fields: dict[str, Any]) -> str:
+    """SHA-256 of the prompt's tokens and the request's knobs and headers: the canary's key for a
+    request without an id, so that every replica (and a retry on another one) decides it alike."""
+    knobs = {k: v for k, v in fields.items() if k not in ("request_id", "canary_key") and v is not None}
+    text = json.dumps({"prompt": prompt, "knobs": knobs}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # the names a client knows these fields by (request parameters: gRPC headers, HTTP body fields)

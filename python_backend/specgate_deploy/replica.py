@@ -1,0 +1,139 @@
+"""One full replica: a tritonserver and the OpenAI-compatible front on its own ports.
+
+Started with specgate_launcher's own functions, so a replica is exactly what `make serve` runs. What is
+added here is the life cycle around them: restart a tritonserver that died, and drain on shutdown.
+
+Drain, as measured on the bundled Triton 2.51: on SIGTERM tritonserver closes its HTTP port at once
+(readiness probes and HAProxy's health check fail, so no new traffic arrives), lets every request in
+flight finish, and exits once they have, or after `--exit-timeout-secs`. Its gRPC port keeps taking
+requests until then, so the front, which talks gRPC, is stopped only after tritonserver has exited:
+the front's streams in flight end with their last token, not cut by its own shutdown.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import specgate_launcher as launcher
+from specgate_deploy.state import PortSet, ReplicaRecord, ReplicaStatus
+
+# Seconds a draining tritonserver may take to finish the requests in flight (`--exit-timeout-secs`).
+# The longest request the shipped policy lets run: a 1024-token generation at about 10 ms a token on
+# these CPUs (docs/loadtest.md), behind up to 30 s in the gate's queue (admission.queue_timeout_s).
+DRAIN_S = 60
+FRONT_STOP_S = 10  # the front's own graceful stop, after tritonserver has gone
+
+
+def replica_ports(base: int, index: int) -> launcher.Ports:
+    """Replica i listens on base + 10 i + (0 HTTP, 1 gRPC, 2 metrics, 3 front)."""
+    b = base + 10 * index
+    return launcher.Ports(b, b + 1, b + 2, b + 3)
+
+
+def is_ready(ports: launcher.Ports) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class Replica:
+    name: str
+    ports: launcher.Ports
+    repo: Path
+    log_dir: Path
+    drain_s: int = DRAIN_S
+    admin_header: str = launcher.ADMIN_HEADER
+    # how tritonserver starts: the launcher's CPU server, or the tensorrtllm one (pod.py)
+    server_factory: Callable[..., subprocess.Popen] = launcher.start
+    restart_on_exit: bool = True  # False in a container: its end is the kubelet's to see (pod.py)
+    server: subprocess.Popen | None = None
+    front: subprocess.Popen | None = None
+    status: ReplicaStatus = "stopped"
+    restarts: int = 0
+    _started_at: float = field(default=0.0, repr=False)
+
+    def start(self) -> None:
+        """Start tritonserver (the front follows once it is ready: `poll()`)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"{self.name}-tritonserver.log"
+        if log.exists():  # keep the log of the run that died, for the operator
+            log.replace(log.with_suffix(".log.1"))
+        self.server = self.server_factory(self.repo, self.ports, log_file=log, extra=[f"--exit-timeout-secs={self.drain_s}"],
+                                          admin_header=self.admin_header)
+        self.status = "starting" if self.restarts == 0 else "restarting"
+        self._started_at = time.monotonic()
+
+    def poll(self) -> bool:
+        """Advance the life cycle by one look; True when something changed (the replicas file is
+        rewritten then). A dead tritonserver is restarted; the front, a client that reconnects, stays."""
+        if self.server is None or self.status in ("draining", "stopped"):
+            return False
+        if self.server.poll() is not None:
+            if not self.restart_on_exit:
+                return False
+            print(f"[replicas] {self.name}: tritonserver (pid {self.server.pid}) exited with code {self.server.returncode}; restarting it", flush=True)
+            launcher.stop(self.server)  # its stubs, which a killed server leaves behind
+            self.restarts += 1
+            self.start()
+            return True
+        if self.front is not None and self.front.poll() is not None:
+            print(f"[replicas] {self.name}: the front exited with code {self.front.returncode}; restarting it", flush=True)
+            self._start_front()
+            return True
+        if self.status in ("starting", "restarting") and is_ready(self.ports):
+            if self.front is not None:
+                # A new front with the new server: the old one's gRPC channel backs off its reconnects
+                # (up to minutes) after its server died, and would answer 503 meanwhile. Its own
+                # requests ended when the old server died, each with its error sent.
+                launcher.stop(self.front, timeout_s=FRONT_STOP_S)
+            self._start_front()
+            self.status = "ready"
+            print(f"[replicas] {self.name}: ready after {time.monotonic() - self._started_at:.0f} s "
+                  f"(HTTP :{self.ports.http}, gRPC :{self.ports.grpc}, metrics :{self.ports.metrics}, front :{self.ports.front})", flush=True)
+            return True
+        return False
+
+    def _start_front(self) -> None:
+        self.front = launcher.start_front(self.ports, self.log_dir / f"{self.name}-front.log")
+
+    def begin_drain(self) -> None:
+        """SIGTERM to tritonserver alone (not its process group: its stubs serve the requests in flight)."""
+        self.status = "draining"
+        if self.server is not None and self.server.poll() is None:
+            self.server.send_signal(signal.SIGTERM)
+
+    def finish_drain(self, deadline: float) -> None:
+        """Wait for tritonserver until `deadline` (monotonic), then stop the front and everything left."""
+        if self.server is not None:
+            try:
+                self.server.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"[replicas] {self.name}: requests still running after the drain period; stopping them", flush=True)
+            launcher.stop(self.server, timeout_s=5)
+        if self.front is not None:
+            launcher.stop(self.front, timeout_s=FRONT_STOP_S)
+        self.status = "stopped"
+
+    def record(self) -> ReplicaRecord:
+        alive = lambda p: p.pid if p is not None and p.poll() is None else None  # noqa: E731
+        return ReplicaRecord(name=self.name, ports=PortSet(**vars(self.ports)), tritonserver_pid=alive(self.server),
+                             front_pid=alive(self.front), status=self.status, restarts=self.restarts)
+
+
+def drain_all(replicas: list[Replica], drain_s: float) -> None:
+    """Drain every replica at once: all stop taking traffic together, then each finishes its requests."""
+    deadline = time.monotonic() + drain_s + 5  # tritonserver's own exit timeout, and time to exit
+    for r in replicas:
+        r.begin_drain()
+    for r in replicas:
+        r.finish_drain(deadline)
+
