@@ -41,6 +41,7 @@ from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
 from specgate.serving.bls import Cancelled, EngineFailure
 from specgate.serving.client_stream import ClientStream
+from specgate.serving.cpu_priority import yield_to_engines
 from specgate.serving.engine_client import EngineClient, HandedOver
 from specgate.serving.gate_parsing import parse_gate_request, prompt_ids, stop_words
 from specgate.serving.live_requests import LiveRequests
@@ -67,6 +68,7 @@ class _CancelFlag(threading.Event):
 class GateModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
+        yield_to_engines()
         p = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.max_output_len = int(p["max_output_len"])
         self.extensions = p["engine_extensions"] == "true"

@@ -10,6 +10,7 @@ import numpy as np
 
 from specgate.contract import PARAM_CANCEL, REQUEST_KEY_TENSOR
 from specgate.serving.bls import KEEPALIVE
+from specgate.serving.cpu_priority import yield_to_engines
 from specgate.serving.triton_io import error_response, optional_array, optional_scalar, tensor
 from specgate.text.detokenizer import delta_text
 from specgate.errors import InvalidInput
@@ -26,6 +27,7 @@ def _params(args: dict[str, str]) -> dict[str, str]:
 
 class PreprocessingModel:
     def initialize(self, args: dict[str, str]) -> None:
+        yield_to_engines()
         p = _params(args)
         self.tok = PromptTokenizer(p["tokenizer_dir"], int(p["max_input_len"]))
 
@@ -60,6 +62,7 @@ class PostprocessingModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
+        yield_to_engines()
         self.tok = PromptTokenizer(_params(args)["tokenizer_dir"], 1).tok
 
     def execute(self, requests: list[Any]) -> list[Any]:
