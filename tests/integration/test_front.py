@@ -9,6 +9,7 @@ metadata then says and the routing checks accept."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from dataclasses import replace
@@ -17,10 +18,13 @@ import openai
 import pytest
 import requests
 
+from loadtest.metrics import delta, scrape, value
+from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC
 from specgate_client import META, GenerateParams
 from specgate_launcher import running_front
 from tests.conftest import TEST_OUT
 from tests.integration.conftest import free_port
+from tests.integration.server_state import engines_idle
 
 pytestmark = pytest.mark.integration
 
@@ -176,3 +180,24 @@ def test_client_disconnect_cancels_the_triton_stream(front):
     while log.read_text().count("cancelled the Triton stream") == before:
         assert time.monotonic() < deadline, "the front did not cancel the Triton stream of a client that went away"
         time.sleep(0.2)
+
+
+def test_a_non_streamed_client_that_leaves_stops_the_engine(front, server):
+    """Issue 26: OpenAI's default, a non-streamed request; its client leaves mid-generation. The front
+    cancels its gRPC stream, and the gate's heartbeats let postprocessing see it, so target_engine
+    stops the request (before: it ran to max_tokens, holding its slot)."""
+    messages = [{"role": "user", "content": "Write the numbers from 1 to 1000 separated by commas."}]  # 1000 tokens and more
+    body = json.dumps({"model": "llm", "messages": messages, "max_tokens": 1000})
+    before = engines_idle(server.metrics)
+    conn = http.client.HTTPConnection("127.0.0.1", int(front[0].rsplit(":", 1)[1]))
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 120
+    while not value(scrape(server.metrics), ENGINE_ACTIVE_METRIC, model="target_engine"):
+        assert time.monotonic() < deadline, "target_engine never started the request"
+        time.sleep(0.2)
+    conn.close()
+    after = engines_idle(server.metrics)
+    generated = delta(before, after, ENGINE_TOKENS_METRIC, model="target_engine")
+    print(f"\nnon-streamed OpenAI client left: target_engine generated {generated:.0f} of 1000")
+    assert delta(before, after, ENGINE_CANCELLED_METRIC, model="target_engine") == 1
+    assert generated < 1000
