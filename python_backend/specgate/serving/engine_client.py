@@ -49,6 +49,17 @@ class EngineRefused(Exception):
     deployment (an algorithm it has not loaded), never the engine failing."""
 
 
+# How Triton and the Python backend say that a model's process is gone or the model is not loaded.
+# Such a failure is worded "<engine> is not answering: ...", as a failed ping is, so that clients
+# can tell an engine that is down (retry later) from one that failed on this request.
+_GONE = ("is not healthy", "unknown model", "is not ready")
+
+
+def _failure(engine: str, message: str) -> EngineFailure:
+    gone = any(m in message for m in _GONE)
+    return EngineFailure(f"{engine} is not answering: {message}" if gone else f"{engine}: {message}")
+
+
 def _out(resp: Any, name: str) -> np.ndarray | None:
     t = pb_utils.get_output_tensor_by_name(resp, name)
     return None if t is None else t.as_numpy()
@@ -126,7 +137,7 @@ class EngineClient:
                         code = err.code() if hasattr(err, "code") else None
                         if code == pb_utils.TritonError.INVALID_ARG:  # a refusal, not a failure
                             raise InvalidInput(err.message()) if engine == "target_engine" else EngineRefused(f"{engine}: {err.message()}")
-                        raise EngineFailure(f"{engine}: {err.message()}")
+                        raise _failure(engine, err.message())
                     out = _out(resp, "output_ids")
                     if out is None:  # the flag-only final response
                         continue
@@ -137,7 +148,7 @@ class EngineClient:
                 on_tokens(tokens, stats)
             ended = True
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
-            raise EngineFailure(f"{engine}: {exc}") from exc
+            raise _failure(engine, str(exc)) from exc
         finally:
             if speculative:
                 self._count_speculating(-1)
