@@ -212,10 +212,11 @@ def test_a_recalibration_is_refused_when_the_queue_is_full(checkpoint: Path, mod
 
     cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1, max_queue_size=2)
     r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, calibrated=False)
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     try:
-        running = Collect(on_event=lambda c: release.wait(300))  # holds the worker at its first tokens
+        running = Collect(on_event=lambda c: (started.set(), release.wait(300)))  # holds the worker at its first tokens
         r.submit(_greedy(prompts[0]), running, algorithm="ngram")
+        assert started.wait(300)  # the worker took it: the queue is empty
         for _ in range(cfg.max_queue_size):  # the queue fills (they end unstarted: cancelled)
             r.submit(_greedy(prompts[1]), Collect(), lambda: True, algorithm="ngram")
         with pytest.raises(QueueFull):
