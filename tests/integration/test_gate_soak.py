@@ -256,18 +256,21 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
           f"{sum(delta(before, after, 'spec_gate_engine_failures_total', engine=e) for e in ('speculative', 'baseline')):.0f}; "
           f"engines now: KV cache tokens {kv_tokens(after)}")
     print("  RSS MB after warm-up -> end: " + ", ".join(f"{k} {rss['warm'][k]:.0f} -> {rss['end'][k]:.0f}" for k in rss["warm"]))
-    # Tokens no client that stayed received: those made for the clients that left, for shadow mirrors
-    # and for streams cancelled after their first chunk (these two at most MAX_TOKENS each)
+    # Tokens no client that stayed received: those made for the clients that left, and those of
+    # shadow mirrors and of streams cancelled after their first chunk (at most MAX_TOKENS each). A
+    # client that left a non-streamed request saw none: all its tokens were made for nobody.
     generated = sum(delta(before, after, ENGINE_TOKENS_METRIC, model=m) for m in ENGINES)
+    undelivered = generated - counts["delivered_tokens"]
     mirrors = delta(before, after, "spec_gate_decisions_total", route="baseline", reason="shadow")
     others = (mirrors + counts["cancelled"]) * MAX_TOKENS
-    after_leaving = max(generated - counts["delivered_tokens"] - others, 0.0)
+    after_leaving = max(undelivered - others, 0.0)  # at least this many went to the clients that left
     stopped = {m: delta(before, after, ENGINE_CANCELLED_METRIC, model=m) for m in ENGINES}
     failures = sum(delta(before, after, "spec_gate_engine_failures_total", engine=e) for e in ("speculative", "baseline"))
     open_mirrors = value(after, "spec_gate_shadow_in_flight")
     breakers = {dict(labels)["tenant"]: v for (name, labels), v in after.items() if name == "spec_gate_circuit_open"}
-    print(f"  issue 26: {counts['left']} non-streamed clients left (max_tokens {LEAVE.max_tokens}): the engines generated at most "
-          f"{after_leaving:.0f} tokens for them ({after_leaving / max(counts['left'], 1):.0f} each; engine requests stopped by a cancel: {stopped}); "
+    print(f"  issue 26: {counts['left']} non-streamed clients left (max_tokens {LEAVE.max_tokens}); the engines made {undelivered:.0f} tokens "
+          f"no client received, of which at most {others:.0f} for {mirrors:.0f} mirrors and {counts['cancelled']} cancelled streams: "
+          f"at most {undelivered / max(counts['left'], 1):.0f} per client that left; engine requests stopped by a cancel: {stopped}; "
           f"{counts['keyless']} keyless engine calls, {len(obeyed)} obeyed; {counts['slow']} slow stretches of {stall_s + 2:.0f} s; "
           f"engine failures {failures:.0f}; open mirrors {open_mirrors:.0f}; breakers (0 closed, 0.5 half-open, 1 open) {breakers}")
     assert not lost, f"{len(lost)} of {counts['sent']} requests lost, e.g. {lost[:3]}"
