@@ -44,6 +44,7 @@ import yaml
 
 from loadtest.metrics import delta, scrape, value
 from specgate.algorithms import SPEC_ALGORITHMS
+from specgate.decoding.machine import machine
 from specgate.contract import (
     ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
 )
@@ -249,7 +250,8 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
     rss["end"] = memory()
     elapsed = time.monotonic() - start
 
-    print(f"\nsoak: {counts['sent']} requests in {elapsed:.0f} s ({WORKERS} clients): {counts['answered']} answered, "
+    print(f"\nsoak on {machine().line()}")
+    print(f"soak: {counts['sent']} requests in {elapsed:.0f} s ({WORKERS} clients): {counts['answered']} answered, "
           f"{counts['cancelled']} cancelled by their client, {len(lost)} lost, {len(malformed)} malformed")
     print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if ":" in k))
     print(f"  gate: cancelled {delta(before, after, 'spec_gate_cancelled_total'):.0f}, engine failures "
