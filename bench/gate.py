@@ -16,6 +16,7 @@ from bench.common import ROOT, machine_lines, machine_record, median, running_se
 from bench.gate_decision import measure
 from bench.prompts_fixed import DECODE_PROMPTS
 from specgate_client import GenerateParams, GrpcClient, stream_engine
+from specgate_launcher import engine_key
 from specgate.contract import engine_inputs
 
 
@@ -33,7 +34,7 @@ def direct(url: str, ids: list[int], n: int, algorithm: str, k: int, end_id: int
     points: list[tuple[float, int]] = []
     tokens = 0
     params = {"speculative_algorithm": algorithm, "num_speculative_tokens": k}
-    for t, r in stream_engine(url, "spec_engine", engine_inputs(ids, n, end_id), parameters=params):
+    for t, r in stream_engine(url, "spec_engine", engine_inputs(ids, n, end_id), parameters=params, engine_key=engine_key()):
         out = r.as_numpy("output_ids")
         if out is not None and out.size:
             tokens += out.size

@@ -83,11 +83,13 @@ def build_cpu(args: argparse.Namespace) -> None:
     print(f"[build-engines] engine configs in {eng_dir} ({common['backend']}, {model.name}, context {args.max_context})", flush=True)
     from transformers import AutoTokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     values = {
         "tokenizer_dir": str(tokenizer_dir),
         "max_input_len": str(args.max_context - 1),
         "max_output_len": str(args.max_output_len),
-        "end_id": str(AutoTokenizer.from_pretrained(str(tokenizer_dir)).eos_token_id),
+        "end_id": str(tokenizer.eos_token_id),
+        "vocab_size": str(len(tokenizer)),  # ids the tokenizer can make; the gate refuses others
         "policy_path": str((args.policy or ROOT / "policy" / "default.yaml").resolve()),
         "calibration_path": str(calibration),
         "text_instances": "2",

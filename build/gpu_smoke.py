@@ -29,7 +29,8 @@ from build.trtllm.spec import BuildSpec, load_spec
 from loadtest.metrics import gate_deltas, scrape
 from specgate_client import stream_engine
 from specgate.contract import engine_inputs
-from specgate_launcher import Ports, stop, wait_ready
+from specgate.secret_file import ensure_secret
+from specgate_launcher import ENGINE_SECRET, Ports, stop, wait_ready
 
 PROMPTS = ["Write a haiku about the sea.", "List three uses of a paperclip."]
 
@@ -137,6 +138,7 @@ def main() -> None:
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     cmd = server_command(out / "model_repository", ports, spec.parallel.gpus)
     env = server_env(ROOT)
+    ensure_secret(ENGINE_SECRET)
     print("[gpu-smoke] server: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return

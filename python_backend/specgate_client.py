@@ -183,12 +183,19 @@ def stream_engine(
     parameters: dict[str, Any] | None = None,
     outputs: list[str] | None = None,
     timeout_s: float = 600,
+    engine_key: str | None = None,
 ) -> Iterator[tuple[float, Any]]:
     """Call an engine model (`target_engine` / `spec_engine`) directly over gRPC streaming, bypassing
     the gate: yields (perf_counter time, tritonclient result) per response until the final one.
-    `arrays` come from `specgate.contract.engine_inputs`."""
+    `arrays` come from `specgate.contract.engine_inputs`. The CPU engines answer only a caller with
+    the server's engine key (`specgate_launcher.engine_key()`; tensorrtllm engines check none)."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
+
+    from specgate.contract import PARAM_ENGINE_KEY
+
+    if engine_key is not None:
+        parameters = {**(parameters or {}), PARAM_ENGINE_KEY: engine_key}
 
     inputs = []
     for name, arr in arrays.items():
@@ -202,14 +209,15 @@ def stream_engine(
         raise ServerError(f"{model}: {exc}") from None
 
 
-def calibrate(url: str, override: dict[str, Any] | None = None, timeout_s: float = 600) -> None:
+def calibrate(url: str, override: dict[str, Any] | None = None, *, engine_key: str, timeout_s: float = 600) -> None:
     """Ask spec_engine to measure its machine again (a CalibrationOverride as `override` pins some
-    measurements); returns once the new calibration is in force. ServerError if it failed."""
+    measurements); returns once the new calibration is in force. ServerError if it failed (also
+    without the server's engine key)."""
     from specgate.contract import PARAM_CALIBRATE, engine_inputs
 
     arrays = engine_inputs([0], 1, 0, streaming=False)
     value = json.dumps(override) if override else ""
-    for _ in stream_engine(url, "spec_engine", arrays, {PARAM_CALIBRATE: value}, ["output_ids"], timeout_s):
+    for _ in stream_engine(url, "spec_engine", arrays, {PARAM_CALIBRATE: value}, ["output_ids"], timeout_s, engine_key=engine_key):
         pass
 
 

@@ -7,12 +7,19 @@ gate's headers (`x-...`) as request parameters. The first start creates the serv
 artifacts/secrets/ (mode 0600); later starts reuse them, so tenant metric labels stay stable.
 
 Triton's control APIs (RESTRICTED_APIS) answer only requests that carry the admin header, whose
-value is artifacts/secrets/admin.key; inference, health, metadata and metrics stay open.
+value is artifacts/secrets/admin.key; inference, health, metadata and metrics stay open. The engine
+models answer only requests that carry artifacts/secrets/engine.key (serving/engine_key.py), which
+the models read from the file the server's environment names.
+
+Nothing outlives the launcher: tritonserver and the front die with it (PR_SET_PDEATHSIG, also when
+it is killed with SIGKILL), SIGHUP and SIGTERM stop them like Ctrl-C, and each stub exits when
+tritonserver dies (serving/parent_watch.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import re
 import shutil
@@ -32,12 +39,14 @@ import urllib.request
 from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate.gate.labels import LABEL_KEY_ENV
 from specgate.secret_file import ensure_secret, read_secret
+from specgate.serving.engine_key import ENGINE_KEY_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_PATTERN = "x-.*"
 SECRETS = ROOT / "artifacts" / "secrets"
 LABEL_SECRET = SECRETS / "label.key"  # HMAC key of the gate's tenant metric labels
 ADMIN_SECRET = SECRETS / "admin.key"  # the value the admin header must carry
+ENGINE_SECRET = SECRETS / "engine.key"  # what every request to an engine model must carry
 # Not x-...: HEADER_PATTERN would forward it into the models' request parameters.
 ADMIN_HEADER = "specgate-admin-key"
 # Loading and unloading models (which runs the repository's code), shared-memory regions, and the
@@ -104,6 +113,7 @@ def server_env() -> dict[str, str]:
     # Engines of this machine take turns per decode (decoding/compute_lock.py).
     env.setdefault(ENV_COMPUTE_LOCK, str(Path(tempfile.gettempdir()) / "specgate-compute.lock"))
     env[LABEL_KEY_ENV] = str(LABEL_SECRET)
+    env[ENGINE_KEY_ENV] = str(ENGINE_SECRET)
     return env
 
 
@@ -123,6 +133,30 @@ def restricted_api_args(header: str, key: str) -> list[str]:
 def admin_headers(header: str = ADMIN_HEADER, grpc: bool = False) -> dict[str, str]:
     """The header (HTTP) or metadata (gRPC) a control-API call needs (tests, operators' scripts)."""
     return {(GRPC_RESTRICTED_PREFIX if grpc else "") + header: read_secret(ADMIN_SECRET)}
+
+
+def engine_key() -> str:
+    """The engine key, for an operator's direct call to an engine (clients/calibrate.py, benchmarks, tests)."""
+    return read_secret(ENGINE_SECRET)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A preexec_fn: the child gets `sig` when the thread that started it dies, however it dies (a
+    launcher killed with SIGKILL cannot stop its children itself). SIGTERM lets tritonserver unload
+    its models, so the stubs end and free their shared memory. Call it on a thread that lives as
+    long as the child should (the main thread here)."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
+
+    def preexec() -> None:
+        if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before prctl: no signal will come
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def command(repo: Path, ports: Ports, backends: Path, admin_header: str = ADMIN_HEADER, extra: list[str] | None = None) -> list[str]:
@@ -171,11 +205,12 @@ def start(
     repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None, admin_header: str = ADMIN_HEADER
 ) -> subprocess.Popen:
     backends = backend_dir(ROOT / "artifacts" / "triton_backends")
-    ensure_secret(LABEL_SECRET)
-    ensure_secret(ADMIN_SECRET)
+    for secret in (LABEL_SECRET, ADMIN_SECRET, ENGINE_SECRET):
+        ensure_secret(secret)
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(
-        command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True
+        command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,
+        start_new_session=True, preexec_fn=_die_with(os.getpid()),
     )
 
 
@@ -209,7 +244,7 @@ def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
     cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}"]
     out = open(log_file, "w") if log_file else None
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=_die_with(os.getpid()))
 
 
 def wait_front_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 120) -> None:
@@ -253,8 +288,9 @@ def main() -> None:
     if not (args.model_repository / "llm" / "config.pbtxt").exists():
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.front_port)
-    # SIGTERM (e.g. from a supervisor) stops the server too, like Ctrl-C
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGTERM (a supervisor) and SIGHUP (a closed terminal) stop the server too, like Ctrl-C
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     proc = start(args.model_repository, ports, admin_header=args.admin_header)
     front: subprocess.Popen | None = None
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from specgate.algorithms import SPEC_ALGORITHMS
+from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
@@ -29,6 +30,9 @@ TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
 FREE_DRAFTING = json.dumps({"cost_ratios": {"1": 1.0, "32": 1.0}, "draft_ms": {a: 0.0 for a in SPEC_ALGORITHMS}})
 TEST_KEYS = TEST_OUT / "tenants.yaml"  # the key file TEST_POLICY names
+# The test server's engines take turns on a lock of their own, not the machine's: a test that holds it
+# makes them slow (test_gate_failover, the soak) without slowing another server on the machine.
+COMPUTE_LOCK = TEST_OUT / "compute.lock"
 
 
 def stub_pids(model: str) -> set[int]:
@@ -71,6 +75,7 @@ def server(checkpoint: Path):
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))
+    os.environ[ENV_COMPUTE_LOCK] = str(COMPUTE_LOCK)  # the launcher keeps a lock path it is given
     with running(TEST_OUT / "model_repository", ports, TEST_OUT / "tritonserver.log"):
         yield ports
 

@@ -95,6 +95,7 @@ def render_values(spec: BuildSpec, layout: Layout, policy_path: Path) -> tuple[d
         "max_input_len": str(spec.max_input_len),
         "max_output_len": str(spec.max_output_len),
         "end_id": str(spec.end_id),
+        "vocab_size": "",  # the gate then refuses only negative ids; tensorrtllm checks the rest
         "policy_path": str(policy_path),
         "calibration_path": "",  # the tensorrtllm engines publish no cost curve: the gate uses the policy's thresholds
         "text_instances": "2",

@@ -13,7 +13,8 @@ import os
 import sysconfig
 from pathlib import Path
 
-from specgate_launcher import HEADER_PATTERN, Ports
+from specgate.serving.engine_key import ENGINE_KEY_ENV
+from specgate_launcher import ENGINE_SECRET, HEADER_PATTERN, ROOT, Ports
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"  # launch_triton_server.py's default
 
@@ -28,6 +29,8 @@ def server_env(repo_root: Path) -> dict[str, str]:
         "TRTLLM_ORCHESTRATOR": "1",
         "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1",
         "SPECGATE_PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+        # spec_gate and postprocessing sign their cancel messages with it (the caller creates the file)
+        ENGINE_KEY_ENV: str(repo_root / ENGINE_SECRET.relative_to(ROOT)),
     }
 
 

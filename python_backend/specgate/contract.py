@@ -142,6 +142,10 @@ REQUEST_KEY_TENSOR = "request_key"
 # - a live engine answers a control message with this parameter at once: the gate sends one when an
 #   engine request has been silent a while, to tell a slow engine from a dead process.
 PARAM_PING = "specgate_ping"
+# The engine control channel's secret (specgate.serving.engine_key): every request to an engine model,
+# generation or control message, and every PARAM_CANCEL to spec_gate carries it in this parameter;
+# a model refuses any that does not, so only the server's own models can steer the engines.
+PARAM_ENGINE_KEY = "specgate_engine_key"
 # Each engine's series, label `model`: requests accepted and not finished; tokens in its KV cache
 # when the latest request ended (0 when idle); tokens generated; requests stopped by a cancellation.
 ENGINE_ACTIVE_METRIC = "specgate_engine_active_requests"
@@ -194,6 +198,10 @@ PREPROCESSED: tuple[Tensor, ...] = (
     Tensor("input_lengths", "TYPE_INT32", (1,)),
     Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True),  # optional as spec_gate's input
 )
+# A gate response that is not final and holds no new ids (len(output_ids) == prev_output_length) is a
+# heartbeat: the gate sends one while nothing else has gone out for a while, so that postprocessing,
+# the one step that learns of a client's cancellation, looks at it also for a non-streamed request.
+# Postprocessing answers a heartbeat with no response, so the client never sees it.
 TO_POSTPROCESSING: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1,)),  # all ids so far
     Tensor("prev_output_length", "TYPE_INT32", (1,)),  # of which earlier responses turned into text
@@ -201,6 +209,11 @@ TO_POSTPROCESSING: tuple[Tensor, ...] = (
     # the gate's key of the request, sent back to the gate when the request arrives cancelled
     Tensor(REQUEST_KEY_TENSOR, "TYPE_INT64", (1,), optional=True),
 )
+# The `llm` outputs spec_gate writes (route, reason, counts). They pass through postprocessing, so
+# that every client response is one postprocessing response: Triton's ensemble pairs its outputs by
+# the order in which each tensor was produced, and a heartbeat that postprocessing swallows would
+# otherwise shift the gate's outputs against the text.
+GATE_OUTPUTS: tuple[ApiTensor, ...] = tuple(t for t in LLM_OUTPUTS if t.step == "spec_gate")
 
 
 def api_table() -> str:

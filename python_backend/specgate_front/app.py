@@ -172,7 +172,10 @@ def create_app(grpc_url: str, model: str = LLM_MODEL) -> FastAPI:
 
     @app.exception_handler(BackendError)
     async def _backend(_: Request, exc: BackendError) -> JSONResponse:
-        return error_response(exc.status, exc.message, code="service_unavailable" if exc.status == 503 else None)
+        response = error_response(exc.status, exc.message, code="service_unavailable" if exc.status == 503 else None)
+        if exc.retry_after_s is not None:
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

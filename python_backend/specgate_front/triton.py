@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -27,31 +28,43 @@ PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
 
 # How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
 # the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
-# only others are the gate's own ("gate error: ...") and the engines' failures, which the gate reports
-# as "<engine>: ..." (serving/engine_client.py). So a model error is the client's (400) unless it starts so.
-_SERVER_FAULT_PREFIXES = ("gate error:", "spec_engine:", "target_engine:")
+# others are told apart by how the gate words them:
+# - "overloaded: ...; retry later": the gate's admission refused it (gate/admission.py): 503 and
+#   Retry-After, which OpenAI's SDKs retry (they do not retry a 400);
+# - "<engine> is not answering: ...": an engine process is gone (serving/engine_client.py): 503;
+# - "gate error: ...", "postprocessing error: ...", "<engine>: ...": our own faults: 500.
+# Anything else is the client's (400).
+_OVERLOADED = re.compile(r"overloaded:")
+_ENGINE_GONE = re.compile(r"(spec_engine|target_engine) is not answering\b")
+_SERVER_FAULT = re.compile(r"(gate error|postprocessing error|spec_engine|target_engine):")
 # Triton's own answers while `llm` is not loaded or not ready
 _UNAVAILABLE_MARKERS = ("unknown model", "is not ready", "unavailable")
+RETRY_AFTER_S = 1  # the gate frees slots as fast as requests finish; a client retries soon
 
 
 @dataclass
 class BackendError(Exception):
-    """A failure to report to the HTTP client: the status and OpenAI error type follow from `status`."""
+    """A failure to report to the HTTP client: the status and OpenAI error type follow from `status`;
+    `retry_after_s` becomes a Retry-After header."""
 
     status: int
     message: str
+    retry_after_s: int | None = None
 
     def __str__(self) -> str:
         return self.message
 
 
 def classify(message: str, model: str = LLM_MODEL) -> BackendError:
-    """A Triton stream error as the HTTP status it deserves (see _SERVER_FAULT_PREFIXES)."""
+    """A Triton stream error as the HTTP status it deserves (see _OVERLOADED and below)."""
     text = message.removeprefix(f"in ensemble '{model}', ")
-    lowered = text.lower()
-    if any(m in lowered for m in _UNAVAILABLE_MARKERS):
+    if _OVERLOADED.match(text):
+        return BackendError(503, text, retry_after_s=RETRY_AFTER_S)
+    if _ENGINE_GONE.match(text):
+        return BackendError(503, text)
+    if any(m in text.lower() for m in _UNAVAILABLE_MARKERS):
         return BackendError(503, f"model {model!r} is not available: {text}")
-    if text.startswith(_SERVER_FAULT_PREFIXES):
+    if _SERVER_FAULT.match(text):
         return BackendError(500, text)
     return BackendError(400, text)
 

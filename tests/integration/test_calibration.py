@@ -18,6 +18,7 @@ from loadtest.metrics import scrape
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.calibration import Calibration
 from specgate_client import GenerateParams, calibrate
+from specgate_launcher import engine_key
 from specgate.contract import VERIFY_COST_METRIC
 from tests.conftest import FREE_DRAFTING, TEST_OUT
 from tests.integration.test_gate import ECHO
@@ -36,25 +37,25 @@ def _gauge(metrics_port: int) -> dict[int, float]:
 def test_budget_follows_the_cost_curve(http, server) -> None:  # noqa: ANN001
     url = f"localhost:{server.grpc}"
     try:
-        calibrate(url, {"cost_ratios": LINEAR, "draft_ms": FREE})
+        calibrate(url, {"cost_ratios": LINEAR, "draft_ms": FREE}, engine_key=engine_key())
         linear = http.generate(ECHO, PARAMS, spec_mode="prod")
         assert linear.meta["route"] == "speculative"
         assert linear.meta["num_draft_tokens"] == 0 and linear.meta["draft_budget"] == 0, linear.meta
         gauge = _gauge(server.metrics)
         assert gauge[8] / gauge[1] == pytest.approx(8.0, rel=1e-3) and gauge[32] / gauge[1] == pytest.approx(32.0, rel=1e-3)
 
-        calibrate(url, json.loads(FREE_DRAFTING))
+        calibrate(url, json.loads(FREE_DRAFTING), engine_key=engine_key())
         flat = http.generate(ECHO, PARAMS, spec_mode="prod")
         assert flat.meta["draft_budget"] == K and flat.meta["num_draft_tokens"] > 0, flat.meta
         assert flat.text == linear.text  # greedy: drafting changes the speed, not the text
 
         before = Calibration.load(CALIBRATION)
         time.sleep(1)  # measured_at has one-second resolution
-        calibrate(url)  # measure this machine
+        calibrate(url, engine_key=engine_key())  # measure this machine
         measured = Calibration.load(CALIBRATION)
         assert measured.curve.measured and measured.measured_at != before.measured_at
         assert set(measured.algorithms) == set(SPEC_ALGORITHMS)
         gauge = _gauge(server.metrics)
         assert [gauge[t] for t in measured.curve.tokens] == pytest.approx([m / 1000 for m in measured.curve.ms], rel=1e-3)
     finally:
-        calibrate(url, json.loads(FREE_DRAFTING))
+        calibrate(url, json.loads(FREE_DRAFTING), engine_key=engine_key())

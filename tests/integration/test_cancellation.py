@@ -10,13 +10,16 @@ must leave no request, cache cell or memory behind.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import tritonclient.grpc as grpcclient
 
 from loadtest.metrics import delta, scrape, value
-from specgate_client import GenerateParams, stream_engine
-from specgate.contract import ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, engine_inputs
+from specgate_client import GenerateParams, gate_headers, grpc_inputs, stream_engine
+from specgate_launcher import engine_key
+from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, engine_inputs
 from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import CHECKPOINT
 from tests.integration.server_state import engines_idle, kv_tokens, memory
@@ -31,6 +34,9 @@ SEEN = 4  # tokens the client reads before it cancels
 # spec_engine). Measured with a 40 ms interval: 5-16 past what was seen; a cancel that did not stop
 # the engine runs to 400.
 FEW = 40
+# Non-streamed: a reply longer than any the engine makes before the client leaves
+COUNT = "Write the numbers from 1 to 1000 separated by commas."  # 1000 tokens and more at T=0
+UNSTREAMED = GenerateParams(max_tokens=1000, num_speculative_tokens=4, speculative_algorithm="ngram")
 ENGINE_OF = {"off": "target_engine", "prod": "spec_engine"}  # x-speculative-decoding -> engine
 KEY = "tenant-cancel"  # its own breaker: other modules' low-acceptance requests cannot open it
 
@@ -52,7 +58,7 @@ def _cancel_engine(url: str, model: str) -> int:
     """The same against the engine model itself (no gate): Triton's own cancellation."""
     ids = PromptTokenizer(CHECKPOINT, 2048).encode_prompt(PROMPT)
     params = {PARAM_ALGORITHM: "ngram"} if model == "spec_engine" else None
-    responses = stream_engine(url, model, engine_inputs(ids, LONG.max_tokens, 2, streaming=True), params)
+    responses = stream_engine(url, model, engine_inputs(ids, LONG.max_tokens, 2, streaming=True), params, engine_key=engine_key())
     seen = 0
     for _, result in responses:
         seen += result.as_numpy("output_ids").size
@@ -75,6 +81,42 @@ def test_cancel_through_llm_stops_the_engine(request, server, mode: str, proto: 
     assert delta(before, after, ENGINE_CANCELLED_METRIC, model=model) == 1
     assert delta(before, after, "spec_gate_cancelled_total") == 1  # the gate stopped its BLS stream
     assert kv_tokens(after)[model] == 0  # the slot's cache cells are free
+
+
+def _wait_running(metrics_port: int, model: str, timeout_s: float = 120) -> None:
+    """Until `model` holds a request (the one the test sent: the engines are idle before it)."""
+    deadline = time.monotonic() + timeout_s
+    while not value(scrape(metrics_port), ENGINE_ACTIVE_METRIC, model=model):
+        assert time.monotonic() < deadline, f"{model} never started the request"
+        time.sleep(0.2)
+
+
+def _leave_unstreamed(server, mode: str) -> None:  # noqa: ANN001
+    """Send UNSTREAMED over gRPC without streaming (one response at the end), and cancel the stream
+    once the engine runs it."""
+    client = grpcclient.InferenceServerClient(f"localhost:{server.grpc}")
+    client.start_stream(callback=lambda result, error: None, headers=gate_headers(KEY, mode))
+    client.async_stream_infer("llm", grpc_inputs(COUNT, UNSTREAMED, stream=False), enable_empty_final_response=True)
+    _wait_running(server.metrics, ENGINE_OF[mode])
+    client.stop_stream(cancel_requests=True)
+    client.close()
+
+
+@pytest.mark.parametrize("mode", ["off", "prod"])
+def test_a_client_that_leaves_a_non_streamed_request_stops_it(server, mode: str) -> None:  # noqa: ANN001
+    """Issue 26: no response reaches postprocessing before the end of a non-streamed request, so only
+    the gate's heartbeats let it see the cancellation; without them the engine ran to max_tokens.
+    (HTTP `generate` is not tested: Triton 2.51 does not notice that its client left, docs/robustness.md.)"""
+    model = ENGINE_OF[mode]
+    before = engines_idle(server.metrics)
+    _leave_unstreamed(server, mode)
+    after = engines_idle(server.metrics)
+    generated = delta(before, after, ENGINE_TOKENS_METRIC, model=model)
+    print(f"\n{model}, non-streamed over gRPC: the client left; the engine generated {generated:.0f} of {UNSTREAMED.max_tokens}")
+    assert delta(before, after, ENGINE_CANCELLED_METRIC, model=model) == 1
+    assert delta(before, after, "spec_gate_cancelled_total") == 1
+    assert generated < UNSTREAMED.max_tokens
+    assert kv_tokens(after)[model] == 0
 
 
 @pytest.mark.parametrize("model", ["target_engine", "spec_engine"])

@@ -9,6 +9,7 @@ metadata then says and the routing checks accept."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from dataclasses import replace
@@ -17,10 +18,15 @@ import openai
 import pytest
 import requests
 
+from loadtest.metrics import delta, scrape, value
+from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC
 from specgate_client import META, GenerateParams
 from specgate_launcher import running_front
 from tests.conftest import TEST_OUT
 from tests.integration.conftest import free_port
+from tests.integration.server_state import engines_idle
+from tests.integration.test_gate import live_policy
+from tests.integration.test_gate_failover import _kill, _restart
 
 pytestmark = pytest.mark.integration
 
@@ -176,3 +182,55 @@ def test_client_disconnect_cancels_the_triton_stream(front):
     while log.read_text().count("cancelled the Triton stream") == before:
         assert time.monotonic() < deadline, "the front did not cancel the Triton stream of a client that went away"
         time.sleep(0.2)
+
+
+def test_a_non_streamed_client_that_leaves_stops_the_engine(front, server):
+    """Issue 26: OpenAI's default, a non-streamed request; its client leaves mid-generation. The front
+    cancels its gRPC stream, and the gate's heartbeats let postprocessing see it, so target_engine
+    stops the request (before: it ran to max_tokens, holding its slot)."""
+    messages = [{"role": "user", "content": "Write the numbers from 1 to 1000 separated by commas."}]  # 1000 tokens and more
+    body = json.dumps({"model": "llm", "messages": messages, "max_tokens": 1000})
+    before = engines_idle(server.metrics)
+    conn = http.client.HTTPConnection("127.0.0.1", int(front[0].rsplit(":", 1)[1]))
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 120
+    while not value(scrape(server.metrics), ENGINE_ACTIVE_METRIC, model="target_engine"):
+        assert time.monotonic() < deadline, "target_engine never started the request"
+        time.sleep(0.2)
+    conn.close()
+    after = engines_idle(server.metrics)
+    generated = delta(before, after, ENGINE_TOKENS_METRIC, model="target_engine")
+    print(f"\nnon-streamed OpenAI client left: target_engine generated {generated:.0f} of 1000")
+    assert delta(before, after, ENGINE_CANCELLED_METRIC, model="target_engine") == 1
+    assert generated < 1000
+
+
+def test_overload_is_503_with_retry_after(front, grpc):
+    """Issue 26: the gate's `overloaded: ... retry later` reached OpenAI clients as a 400, which their
+    SDKs do not retry. One slot and no queue: a second request is refused at once."""
+    body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    with live_policy(lambda p: p.update(admission={"max_concurrent": 1, "max_queued": 0, "queue_timeout_s": 2})):
+        holder = grpc.stream("Write the numbers from 1 to 1000 separated by commas.", GenerateParams(max_tokens=300), spec_mode="off")
+        next(holder)  # it holds the one slot
+        try:
+            unary = requests.post(f"{front[0]}/v1/chat/completions", json=body, timeout=60)
+            streamed = requests.post(f"{front[0]}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+        finally:
+            holder.close()
+    for r in (unary, streamed):
+        print(f"\noverloaded: HTTP {r.status_code} Retry-After {r.headers.get('retry-after')}: {r.text[:160]}")
+        assert r.status_code == 503 and r.headers.get("retry-after") == "1", r.text
+        assert "overloaded" in r.json()["error"]["message"] and r.json()["error"]["type"] == "server_error"
+
+
+def test_a_dead_target_engine_is_503(front, http):
+    """Issue 26: `target_engine is not answering` became a 400 (classify expected "target_engine:")."""
+    body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    try:
+        _kill("target_engine")
+        r = requests.post(f"{front[0]}/v1/chat/completions", json=body, headers={"x-speculative-decoding": "off"}, timeout=300)
+        print(f"\ntarget_engine killed: HTTP {r.status_code}: {r.text[:200]}")
+        assert r.status_code == 503 and "target_engine" in r.json()["error"]["message"], r.text
+    finally:
+        _restart(http, "target_engine")
+    assert requests.post(f"{front[0]}/v1/chat/completions", json=body, timeout=300).status_code == 200

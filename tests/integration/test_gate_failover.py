@@ -11,6 +11,7 @@ also when its stub process is dead).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -19,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+import yaml
 from tritonclient.utils import InferenceServerException
 
 from loadtest.metrics import delta, scrape
 from specgate_client import GenerateParams, GrpcClient, HttpClient, collect
 from specgate_launcher import admin_headers
-from tests.conftest import stub_pids
+from tests.conftest import COMPUTE_LOCK, TEST_POLICY, stub_pids
 
 PROMPTS = [
     "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river.",
@@ -174,3 +176,26 @@ def test_target_engine_killed_gives_clear_errors_then_restarts(http, grpc, serve
     finally:
         if not stub_pids("target_engine"):
             _restart(http, "target_engine")  # the session's later tests need it
+
+
+def test_a_slow_spec_engine_that_answers_pings_is_not_a_failure(http, server):
+    """Issue 26: the stall check counted from the last response, so a non-streamed request (one
+    response, at the end) on an engine slower than stall_timeout_s failed over to the baseline and
+    counted against the breaker, although the engine answered every ping. Here the test holds the
+    engines' compute lock past the stall timeout: slow, not dead."""
+    stall_s = yaml.safe_load(TEST_POLICY.read_text())["speculative"]["stall_timeout_s"]
+    before = scrape(server.metrics)
+    with ThreadPoolExecutor(1) as ex, open(COMPUTE_LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # no engine decodes until it is released
+        try:
+            # a tenant with a breaker of its own (the other tests here open tenant-failover's)
+            pending = ex.submit(http.generate, PROMPTS[0], GenerateParams(max_tokens=16, num_speculative_tokens=4), api_key="tenant-cancel", spec_mode="prod")
+            time.sleep(stall_s + 5)
+            assert not pending.done(), "served while the engines could not decode: nothing was tested"
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        r = pending.result(timeout=300)
+    after = scrape(server.metrics)
+    print(f"\nspec_engine held {stall_s + 5:.0f} s (stall timeout {stall_s:.0f} s): route {r.meta['route']}, reason {r.meta['gate_reason']}")
+    assert (r.meta["route"], r.meta["gate_reason"]) == ("speculative", "prod")
+    assert delta(before, after, "spec_gate_engine_failures_total", engine="speculative") == 0

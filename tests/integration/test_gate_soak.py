@@ -13,30 +13,45 @@ streamed or in one response; every speculative algorithm or the policy's; T=0, T
 speculatively) and T=0.9 (baseline by the temperature rule); modes prod, shadow, off and tenants;
 one stream in CANCEL_EVERY closed by its client after the first chunk. The policy is rewritten every
 2 s, alternating mirror slots and the load rule (which hands running speculative requests over).
+Issue 26 added: clients that leave a long non-streamed gRPC request (LEAVE_EVERY of the draws); a
+caller without the engine key who keeps calling the engines and spec_gate's cancel directly (every
+call must be refused, naming the key); and slow engines: every SLOW_EVERY_S the test holds the
+engines' compute lock for longer than the stall timeout (slow, not dead: nothing may count as an
+engine failure).
 
 Fails if a request that was not cancelled raised or timed out (lost), if a response is malformed,
 if a stub process died or was replaced, if an engine still holds a request or cache cell at the
-end, or if the resident memory of the server or of any stub grew by more than RSS_GROWTH after the
-warm-up. Prints the figures.
+end, if a mirror slot is still held, if an engine failure was counted, if a keyless call was obeyed,
+if the clients that left did not stop their requests, or if the resident memory of the server or of
+any stub grew by more than RSS_GROWTH after the warm-up. Prints the figures: lost requests, tokens
+the engines generated for clients that had left, open mirrors and the breaker states at the end.
 """
 
 from __future__ import annotations
 
 import collections
+import fcntl
+import json
 import os
 import random
 import threading
 import time
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import yaml
 
-from loadtest.metrics import delta, scrape
+from loadtest.metrics import delta, scrape, value
 from specgate.algorithms import SPEC_ALGORITHMS
-from specgate_client import GenerateParams, Result, collect
+from specgate.decoding.machine import machine
+from specgate.contract import (
+    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
+)
+from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from specgate.gate.router import REASONS
-from tests.conftest import TEST_POLICY, stub_pids
-from tests.integration.server_state import MODELS, engines_idle, kv_tokens, memory
+from tests.conftest import COMPUTE_LOCK, TEST_POLICY, stub_pids
+from tests.integration.server_state import ENGINES, MODELS, engines_idle, kv_tokens, memory
 
 DURATION_S = float(os.environ.get("SPECGATE_SOAK_S", 90))
 WARMUP_S = min(30.0, DURATION_S / 3)  # memory is measured from here on
@@ -52,6 +67,40 @@ PROMPTS = [
     "Summarize in one line: Triton serves models over HTTP and gRPC.",
 ]
 CALLS = ("http_generate", "http_stream", "grpc_stream", "grpc_one_response")
+LEAVE_EVERY = 10  # one draw in this many: a long non-streamed request whose client leaves
+LEAVE = GenerateParams(max_tokens=1000)  # at T=0 this prompt runs to max_tokens
+LEAVE_PROMPT = "Write the numbers from 1 to 1000 separated by commas."
+SLOW_EVERY_S = 45.0  # how often the engines are made slow
+KEYLESS_EVERY_S = 2.0  # how often the keyless caller tries
+
+
+def _leave_unstreamed(url: str, rng: random.Random) -> None:
+    """A non-streamed gRPC request whose client cancels it after a moment, having seen nothing."""
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: None, headers=gate_headers(None, rng.choice(["off", "prod"])))
+    try:
+        client.async_stream_infer("llm", grpc_inputs(LEAVE_PROMPT, LEAVE, stream=False), enable_empty_final_response=True)
+        time.sleep(rng.uniform(0.5, 3.0))
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def _keyless_call(url: str, rng: random.Random) -> str | None:
+    """One call an outsider could make; None if refused for the missing key, else what happened."""
+    control = engine_inputs([0], 1, 0, streaming=False)
+    model, arrays, params = rng.choice([
+        ("target_engine", engine_inputs([1, 504, 1056], 4, 2, streaming=False), {}),
+        ("spec_engine", engine_inputs([1, 504, 1056], 4, 2, streaming=False), {PARAM_ALGORITHM: "ngram"}),
+        ("spec_engine", control, {PARAM_CALIBRATE: json.dumps({"draft_ms": {"ngram": 1e6}})}),
+        ("spec_engine", control, {PARAM_HAND_OVER: True}),
+        ("spec_gate", {"input_ids": np.zeros(1, np.int32), "input_lengths": np.ones(1, np.int32)}, {PARAM_CANCEL: "1"}),
+    ])
+    try:
+        list(stream_engine(url, model, arrays, params, ["output_ids"], timeout_s=300))
+    except ServerError as exc:
+        return None if PARAM_ENGINE_KEY in str(exc) else f"{model} {sorted(params)}: {exc}"[:300]
+    return f"{model} {sorted(params)}: obeyed"
 
 
 def _write_policy(policy: dict) -> None:
@@ -89,9 +138,22 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
     counts: collections.Counter[str] = collections.Counter()
     lost: list[str] = []
     malformed: list[str] = []
+    obeyed: list[str] = []
     rss: dict[str, dict[str, float]] = {}
+    url = f"localhost:{server.grpc}"
+    stall_s = original["speculative"]["stall_timeout_s"]
 
     def one(rng: random.Random, seed: int) -> None:
+        if rng.randrange(LEAVE_EVERY) == 0:
+            with lock:
+                counts["sent"] += 1
+                counts["left"] += 1
+            try:
+                _leave_unstreamed(url, rng)
+            except Exception as exc:
+                with lock:
+                    lost.append(f"leaver: {exc!r}"[:400])
+            return
         call = rng.choice(CALLS)
         algorithm = rng.choice([None, *SPEC_ALGORITHMS])
         params = GenerateParams(
@@ -125,6 +187,7 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
         why = _malformed(r, params, streamed)
         with lock:
             counts["answered"] += 1
+            counts["delivered_tokens"] += r.meta["num_output_tokens"]
             counts[f"{r.meta['route']}:{algorithm or 'policy'}" if r.meta["route"] == "speculative" else f"baseline:{r.meta['gate_reason']}"] += 1
             if why:
                 malformed.append(f"{call} {params} {kw}: {why}")
@@ -133,6 +196,31 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
         rng = random.Random(seed)
         while time.monotonic() < deadline:
             one(rng, rng.randrange(2**31))
+
+    def keyless() -> None:
+        rng = random.Random(7)
+        while time.monotonic() < deadline:
+            outcome = _keyless_call(url, rng)
+            with lock:
+                counts["keyless"] += 1
+                if outcome is not None:
+                    obeyed.append(outcome)
+            time.sleep(KEYLESS_EVERY_S)
+
+    def slow_engines() -> None:
+        """Hold the engines' compute lock past the stall timeout, now and then."""
+        with open(COMPUTE_LOCK, "a+") as f:
+            while time.monotonic() + stall_s + 2 < deadline:
+                time.sleep(min(SLOW_EVERY_S, max(deadline - time.monotonic() - stall_s - 2, 0)))
+                if time.monotonic() + stall_s + 2 >= deadline:
+                    break
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    time.sleep(stall_s + 2)
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                with lock:
+                    counts["slow"] += 1
 
     def watcher() -> None:
         """Memory after the warm-up, and the policy rewritten every 2 s."""
@@ -149,7 +237,8 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
             time.sleep(2)
 
     before = scrape(server.metrics)
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(WORKERS)] + [threading.Thread(target=watcher)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(WORKERS)]
+    threads += [threading.Thread(target=f) for f in (watcher, keyless, slow_engines)]
     try:
         for t in threads:
             t.start()
@@ -161,14 +250,36 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
     rss["end"] = memory()
     elapsed = time.monotonic() - start
 
-    print(f"\nsoak: {counts['sent']} requests in {elapsed:.0f} s ({WORKERS} clients): {counts['answered']} answered, "
+    print(f"\nsoak on {machine().line()}")
+    print(f"soak: {counts['sent']} requests in {elapsed:.0f} s ({WORKERS} clients): {counts['answered']} answered, "
           f"{counts['cancelled']} cancelled by their client, {len(lost)} lost, {len(malformed)} malformed")
     print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if ":" in k))
     print(f"  gate: cancelled {delta(before, after, 'spec_gate_cancelled_total'):.0f}, engine failures "
           f"{sum(delta(before, after, 'spec_gate_engine_failures_total', engine=e) for e in ('speculative', 'baseline')):.0f}; "
           f"engines now: KV cache tokens {kv_tokens(after)}")
     print("  RSS MB after warm-up -> end: " + ", ".join(f"{k} {rss['warm'][k]:.0f} -> {rss['end'][k]:.0f}" for k in rss["warm"]))
+    # Tokens no client that stayed received: those made for the clients that left, and those of
+    # shadow mirrors and of streams cancelled after their first chunk (at most MAX_TOKENS each). A
+    # client that left a non-streamed request saw none: all its tokens were made for nobody.
+    generated = sum(delta(before, after, ENGINE_TOKENS_METRIC, model=m) for m in ENGINES)
+    undelivered = generated - counts["delivered_tokens"]
+    mirrors = delta(before, after, "spec_gate_decisions_total", route="baseline", reason="shadow")
+    others = (mirrors + counts["cancelled"]) * MAX_TOKENS
+    after_leaving = max(undelivered - others, 0.0)  # at least this many went to the clients that left
+    stopped = {m: delta(before, after, ENGINE_CANCELLED_METRIC, model=m) for m in ENGINES}
+    failures = sum(delta(before, after, "spec_gate_engine_failures_total", engine=e) for e in ("speculative", "baseline"))
+    open_mirrors = value(after, "spec_gate_shadow_in_flight")
+    breakers = {dict(labels)["tenant"]: v for (name, labels), v in after.items() if name == "spec_gate_circuit_open"}
+    print(f"  issue 26: {counts['left']} non-streamed clients left (max_tokens {LEAVE.max_tokens}); the engines made {undelivered:.0f} tokens "
+          f"no client received, of which at most {others:.0f} for {mirrors:.0f} mirrors and {counts['cancelled']} cancelled streams: "
+          f"at most {undelivered / max(counts['left'], 1):.0f} per client that left; engine requests stopped by a cancel: {stopped}; "
+          f"{counts['keyless']} keyless engine calls, {len(obeyed)} obeyed; {counts['slow']} slow stretches of {stall_s + 2:.0f} s; "
+          f"engine failures {failures:.0f}; open mirrors {open_mirrors:.0f}; breakers (0 closed, 0.5 half-open, 1 open) {breakers}")
     assert not lost, f"{len(lost)} of {counts['sent']} requests lost, e.g. {lost[:3]}"
+    assert not obeyed, f"calls without the engine key were obeyed: {obeyed[:3]}"
+    assert failures == 0, "an engine failure was counted although no engine failed (slow is not dead)"
+    assert open_mirrors == 0, "a mirror slot is still held"
+    assert counts["left"] == 0 or after_leaving / counts["left"] < LEAVE.max_tokens / 2, "the clients that left did not stop their requests"
     assert not malformed, f"{len(malformed)} malformed responses, e.g. {malformed[:3]}"
     assert {model: stub_pids(model) for model in MODELS} == stubs, "a stub process died or was restarted during the soak"
     assert counts["cancelled"] and any(k.startswith("speculative:") for k in counts), f"traffic not mixed: {counts}"

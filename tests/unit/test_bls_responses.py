@@ -109,3 +109,20 @@ def test_an_exec_error_is_raised_on_the_callers_thread() -> None:
     with pytest.raises(RuntimeError, match="unknown model"):
         for _ in responses(Failing(), "engine"):
             pass
+
+
+def test_a_slow_engine_that_answers_probes_is_not_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: a non-streamed request hears nothing until its end. An engine slower than the stall
+    timeout that answers every probe is alive; before, the stall check ignored the probes and failed it."""
+    monkeypatch.setattr(bls, "PROBE_AFTER_S", 0.1)
+    req, probes = FakeRequest(), []
+    threading.Timer(1.5, lambda: [req.q.put("done"), req.q.put(None)]).start()  # three stall timeouts of silence
+    got = [r for batch in responses(req, "engine", stall_s=0.5, probe=lambda: probes.append(1)) for r in batch]
+    assert got == ["done"] and probes
+
+
+def test_on_idle_runs_while_the_engine_is_silent() -> None:
+    req, idle = FakeRequest(), []
+    threading.Timer(4 * bls.TICK_S, lambda: req.q.put(None)).start()
+    assert list(responses(req, "engine", on_idle=lambda: idle.append(1))) == []
+    assert idle

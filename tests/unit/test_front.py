@@ -86,16 +86,22 @@ def test_stop_trimmer_without_stops_holds_nothing_back():
 
 
 # -- Triton errors -------------------------------------------------------------------------------
-@pytest.mark.parametrize("message, status", [
-    ("in ensemble 'llm', max_tokens must be between 1 and 1024, got 0", 400),
-    ("in ensemble 'llm', x-speculative-decoding: invalid value 'maybe'; allowed: off, shadow, prod", 400),
-    ("in ensemble 'llm', target_engine: stub died", 500),
-    ("in ensemble 'llm', gate error: boom", 500),
-    ("Request for unknown model: 'llm' is not found", 503),
+@pytest.mark.parametrize("message, status, retry", [
+    ("in ensemble 'llm', max_tokens must be between 1 and 1024, got 0", 400, None),
+    ("in ensemble 'llm', x-speculative-decoding: invalid value 'maybe'; allowed: off, shadow, prod", 400, None),
+    ("in ensemble 'llm', input_ids: token id 99999 is not in the model's vocabulary ([0, 49152))", 400, None),
+    ("in ensemble 'llm', target_engine: stub died", 500, None),
+    ("in ensemble 'llm', gate error: boom", 500, None),
+    ("in ensemble 'llm', postprocessing error: boom", 500, None),
+    ("Request for unknown model: 'llm' is not found", 503, None),
+    # the gate's own wording (gate/admission.py, serving/engine_client.py): issue 26 found these as 400
+    ("in ensemble 'llm', overloaded: 1 requests already queued (admission.max_queued); retry later", 503, 1),
+    ("in ensemble 'llm', overloaded: no free slot within 2 s (admission.queue_timeout_s); retry later", 503, 1),
+    ("in ensemble 'llm', target_engine is not answering: target_engine: no response for 10 s", 503, None),
 ])
-def test_classify(message, status):
+def test_classify(message, status, retry):
     err = classify(message)
-    assert err.status == status
+    assert (err.status, err.retry_after_s) == (status, retry)
     assert "in ensemble" not in err.message
 
 

@@ -44,6 +44,7 @@ def test_families_and_kinds(pb: InMemoryMetricFactory, fams: dict[str, InMemoryF
         "spec_gate_overloaded_total": "counter",
         "spec_gate_queued": "gauge",
         "spec_gate_cancelled_total": "counter",
+        "spec_gate_shadow_in_flight": "gauge",
     }
 
 
@@ -161,3 +162,14 @@ def test_every_series_known_at_load_exists_at_zero(tmp_path: Path, pb: InMemoryM
     clock[0] = 5.0
     gate.finish(gate.decide(RequestInputs()))
     assert {"tenant": TenantLabels(b"s")("newcomer")} in [m.labels for m in fams["spec_gate_circuit_open"].metrics]
+
+
+def test_open_mirrors_are_a_gauge(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
+    """spec_gate_shadow_in_flight: what `make soak` checks is back at 0 (issue 26: slots leaked)."""
+    (tmp_path / "p.yaml").write_text("mode: shadow\nshadow: {max_concurrent_mirrors: 2}\n")
+    gate = Gate(str(tmp_path / "p.yaml"), metric_factory=pb)
+    d = gate.decide(RequestInputs(temperature=0.0))
+    assert d.shadow and fams["spec_gate_shadow_in_flight"].value() == 1
+    gate.end_shadow(d, None)
+    gate.finish(d)
+    assert fams["spec_gate_shadow_in_flight"].value() == 0

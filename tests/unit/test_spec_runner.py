@@ -179,3 +179,48 @@ def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, m
     learned = published[-1]
     assert learned.refined_at is not None and learned.measured_at == "then"
     assert learned.curve.cost(1) < 0.5 * slow.cost(1), learned.curve.table()
+
+
+def test_a_failed_republish_sends_no_second_final(checkpoint: Path, model: Llama, prompts: list[list[int]]) -> None:
+    """Issue 26: the calibration was republished after the request's final event; when saving it
+    failed, the worker sent the request a second final, with an error (a client saw an error for a
+    finished request, and the engine's active gauge went negative)."""
+
+    def broken(cal: Calibration) -> None:
+        raise OSError("no space left on device")
+
+    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=broken, calibrated=False)
+    try:
+        slow = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])  # far off: the first request republishes
+        r.calibration = Calibration.build(slow, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
+        r.generator.set_curve(slow)
+        events: list[Event] = []
+        r.submit(_greedy(prompts[0]), events.append, algorithm="ngram")
+        after = Collect()  # FIFO: once this one ends, the first request's turn is over
+        r.submit(_greedy(prompts[1]), after, algorithm="ngram")
+        assert after.done.wait(300)
+    finally:
+        r.shutdown()
+    finals = [e for e in events if e.finished]
+    assert len(finals) == 1 and finals[0].error is None, [e.error for e in finals]
+
+
+def test_a_recalibration_is_refused_when_the_queue_is_full(checkpoint: Path, model: Llama, prompts: list[list[int]]) -> None:
+    """Issue 26: `recalibrate` queued past max_queue_size, so a flood of them held up every request."""
+    from specgate.decoding.batch_runner import QueueFull
+
+    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1, max_queue_size=2)
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, calibrated=False)
+    started, release = threading.Event(), threading.Event()
+    try:
+        running = Collect(on_event=lambda c: (started.set(), release.wait(300)))  # holds the worker at its first tokens
+        r.submit(_greedy(prompts[0]), running, algorithm="ngram")
+        assert started.wait(300)  # the worker took it: the queue is empty
+        for _ in range(cfg.max_queue_size):  # the queue fills (they end unstarted: cancelled)
+            r.submit(_greedy(prompts[1]), Collect(), lambda: True, algorithm="ngram")
+        with pytest.raises(QueueFull):
+            r.recalibrate(lambda result: None)
+    finally:
+        release.set()
+        r.shutdown()

@@ -28,7 +28,7 @@ def _parse(path: Path) -> model_config_pb2.ModelConfig:
 
 def _render_cpu(out: Path) -> dict[str, model_config_pb2.ModelConfig]:
     values = {
-        "tokenizer_dir": "/tok", "max_input_len": "2047", "max_output_len": "1024", "end_id": "2",
+        "tokenizer_dir": "/tok", "max_input_len": "2047", "max_output_len": "1024", "end_id": "2", "vocab_size": "49152",
         "policy_path": "/policy.yaml", "calibration_path": "/calibration.json", "text_instances": "2", "engine_max_batch_size": "8",
         "engine_extra_parameters": "", "engine_extensions": "true", **engine_tensor_values(with_extensions=True),
     }  # fmt: skip

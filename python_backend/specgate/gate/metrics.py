@@ -53,6 +53,7 @@ OVERRIDE_IGNORED = "spec_gate_override_ignored_total"
 OVERLOADED = "spec_gate_overloaded_total"
 QUEUED = "spec_gate_queued"
 CANCELLED = "spec_gate_cancelled_total"
+SHADOW_IN_FLIGHT = "spec_gate_shadow_in_flight"
 
 _Labels = tuple[tuple[str, str], ...]
 
@@ -84,6 +85,7 @@ class GateMetrics:
             OVERLOADED: ("Requests refused as overloaded: queue full, or no slot before the queue timeout", counter),
             QUEUED: ("Requests waiting in the gate's admission queue", gauge),
             CANCELLED: ("Requests whose client cancelled them mid-stream; their engines were told to stop", counter),
+            SHADOW_IN_FLIGHT: ("Shadow mirrors holding a mirror slot (started and not yet recorded)", gauge),
         }
         self._families = {
             name: mf(name=name, description=desc, kind=kind) for name, (desc, kind) in specs.items()
@@ -93,7 +95,7 @@ class GateMetrics:
         # worker threads; they are serialized (a stub crashed with heap corruption without this).
         self._lock = threading.RLock()
         with self._lock:
-            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED, CANCELLED):
+            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED, CANCELLED, SHADOW_IN_FLIGHT):
                 self._get(name)
             self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS)
             for engine in ENGINES:
@@ -183,6 +185,10 @@ class GateMetrics:
     def in_flight(self, n: int) -> None:
         with self._lock:
             self._get(IN_FLIGHT).set(n)
+
+    def mirrors(self, n: int) -> None:
+        with self._lock:
+            self._get(SHADOW_IN_FLIGHT).set(n)
 
 
 class _NullMetric:

@@ -283,6 +283,8 @@ class Gate:
         """A shadow mirror ended: `mismatch` from comparing outputs, None if it did not complete."""
         with self._lock:
             self._mirrors -= 1
+            mirrors = self._mirrors
+        self._metrics.mirrors(mirrors)
         if mismatch is not None:
             self._metrics.shadow_compared(mismatch)
 
@@ -320,6 +322,8 @@ class Gate:
                 free = self._mirrors < policy.shadow.max_concurrent_mirrors
                 if free:
                     self._mirrors += 1
+                mirrors = self._mirrors
+            self._metrics.mirrors(mirrors)
             return (BASELINE, SHADOW, True, probe) if free else (BASELINE, SHADOW_BUSY, False, False)
         if probe:
             return SPECULATIVE, HALF_OPEN_PROBE, False, True

@@ -67,13 +67,16 @@ def responses(
     stall_s: float | None = None,
     cancelled: threading.Event | None = None,
     probe: Callable[[], None] | None = None,
+    on_idle: Callable[[], None] | None = None,
 ) -> Iterator[list[Any]]:
     """The BLS responses of `req`, in lists of those that arrived while the previous list was being
     forwarded (so a slow client path gets fewer, larger responses instead of a growing backlog).
 
     Raises Cancelled once `cancelled` is set (checked every TICK_S and before each list),
-    EngineFailure if nothing arrives for `stall_s` seconds (None: no limit), and whatever `probe`
-    raises, which is called after every PROBE_AFTER_S of silence.
+    EngineFailure if the engine gives no sign of life for `stall_s` seconds (None: no limit), and
+    whatever `probe` raises, which is called after every PROBE_AFTER_S of silence. A probe that
+    returns is a sign of life: a slow engine that answers it is not stalled (a non-streamed request
+    hears nothing else until its end). `on_idle` runs every TICK_S of silence.
     """
     q: queue.Queue = queue.Queue()
 
@@ -90,7 +93,7 @@ def responses(
         q.put(_DONE)
 
     threading.Thread(target=pump, name=f"bls-{engine}", daemon=True).start()
-    heard = probed = time.monotonic()
+    heard = time.monotonic()  # the latest response, or answered probe
     while True:
         if cancelled is not None and cancelled.is_set():
             raise Cancelled()
@@ -100,9 +103,11 @@ def responses(
             now = time.monotonic()
             if stall_s is not None and now - heard > stall_s:
                 raise EngineFailure(f"{engine}: no response for {stall_s:.0f} s") from None
-            if probe is not None and now - max(heard, probed) > PROBE_AFTER_S:
+            if probe is not None and now - heard > PROBE_AFTER_S:
                 probe()
-                probed = time.monotonic()
+                heard = time.monotonic()  # it answered: alive, only slow
+            if on_idle is not None:
+                on_idle()
             continue
         heard = time.monotonic()
         while not q.empty():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,17 @@ from specgate.serving.triton_io import FINAL, tensor
 from specgate.stats import SpecStats
 
 
+HEARTBEAT_S = 1.0  # silence towards postprocessing after which a heartbeat goes out
+
+
 class ClientStream:
     """Cumulative ids for postprocessing, the route, its reason and the draft statistics. Every
-    response carries the request's key, which postprocessing sends back if the client cancels."""
+    response carries the request's key, which postprocessing sends back if the client cancels.
+
+    Postprocessing can only see a cancellation on a response that reaches it, and a non-streamed
+    request (or a streamed one whose engine is silent) sends none until its end: `heartbeat`, called
+    while the gate waits on an engine, then sends an empty one (contract.TO_POSTPROCESSING), which
+    postprocessing looks at and swallows."""
 
     def __init__(self, sender: Any, stream: bool, route: str, reason: str, key: int) -> None:
         self.sender, self.stream = sender, stream
@@ -23,6 +32,7 @@ class ClientStream:
         self.ids: list[int] = []
         self.prev = 0
         self.stats = SpecStats()
+        self.last_sent = time.monotonic()
 
     def send(self, tokens: list[int], stats: SpecStats) -> None:
         self.ids += tokens
@@ -30,6 +40,14 @@ class ClientStream:
         if self.stream and len(self.ids) > self.prev:
             self.sender.send(self._response(False))
             self.prev = len(self.ids)
+            self.last_sent = time.monotonic()
+
+    def heartbeat(self) -> None:
+        """An empty response if nothing went out for HEARTBEAT_S."""
+        now = time.monotonic()
+        if now - self.last_sent >= HEARTBEAT_S:
+            self.sender.send(self._response(False, heartbeat=True))
+            self.last_sent = now
 
     def finish(self) -> None:
         self.sender.send(self._response(True), flags=FINAL)
@@ -38,12 +56,12 @@ class ClientStream:
         """Send `error` (an error response from triton_io) as the final response."""
         self.sender.send(error, flags=FINAL)
 
-    def _response(self, final: bool) -> Any:
+    def _response(self, final: bool, heartbeat: bool = False) -> Any:
         s = self.stats
         return pb_utils.InferenceResponse(
             output_tensors=[
-                tensor("output_ids", self.ids, np.int32),
-                tensor("prev_output_length", [self.prev], np.int32),
+                tensor("output_ids", [] if heartbeat else self.ids, np.int32),  # no ids and prev 0: a heartbeat
+                tensor("prev_output_length", [0 if heartbeat else self.prev], np.int32),
                 tensor("is_final", [final], np.bool_),
                 tensor("route", [self.route.encode()], np.object_),
                 tensor("gate_reason", [self.reason.encode()], np.object_),

@@ -1,12 +1,16 @@
 """spec_gate's calls to the engine models over BLS: generation requests, and control messages.
 
 One generation request streams its new tokens to a callback and ends with the engine's draft
-statistics. Errors are sorted for the gate: InvalidInput for the client's mistakes, EngineFailure
-for the engine's (the gate falls back), HandedOver when spec_engine stopped the request at the
-gate's request, Cancelled when the client went away (after telling the engine to stop too).
+statistics. Errors are sorted for the gate: InvalidInput when target_engine refuses the request as
+invalid (the client's mistake), EngineRefused when spec_engine does (the gate serves it on the
+baseline, which refuses it in turn if the client is at fault; neither counts against a breaker),
+EngineFailure for the engine's failures (the gate falls back, and counts them), HandedOver when
+spec_engine stopped the request at the gate's request, Cancelled when the client went away. Whenever
+the gate stops reading a request the engine has not ended, it tells the engine to stop it.
 
 CPU engines (`extensions`) also answer control messages (contract.PARAM_*): cancel a request by
-key, ping, hand over. tensorrtllm runs in no Python stub and understands none of them.
+key, ping, hand over; every request to them carries the engine key (serving/engine_key.py).
+tensorrtllm runs in no Python stub and understands none of them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +31,7 @@ from specgate.contract import (
 from specgate.errors import InvalidInput
 from specgate.gate import Decision
 from specgate.serving.bls import Cancelled, EngineFailure, responses
+from specgate.serving.engine_key import EngineKey
 from specgate.serving.llm_request import LLMRequest
 from specgate.stats import SpecStats
 
@@ -36,6 +42,22 @@ CONTROL_TIMEOUT_S = 10.0  # an engine answers a control message at once; silence
 
 class HandedOver(Exception):
     """spec_engine stopped the request early, as the gate asked: continue it on the baseline."""
+
+
+class EngineRefused(Exception):
+    """spec_engine refused the request as invalid (INVALID_ARG): the client's mistake, or one of the
+    deployment (an algorithm it has not loaded), never the engine failing."""
+
+
+# How Triton and the Python backend say that a model's process is gone or the model is not loaded.
+# Such a failure is worded "<engine> is not answering: ...", as a failed ping is, so that clients
+# can tell an engine that is down (retry later) from one that failed on this request.
+_GONE = ("is not healthy", "unknown model", "is not ready")
+
+
+def _failure(engine: str, message: str) -> EngineFailure:
+    gone = any(m in message for m in _GONE)
+    return EngineFailure(f"{engine} is not answering: {message}" if gone else f"{engine}: {message}")
 
 
 def _out(resp: Any, name: str) -> np.ndarray | None:
@@ -60,19 +82,18 @@ def _stats(resp: Any, last: SpecStats) -> SpecStats:
     )
 
 
-def _bls_request(engine: str, arrays: dict[str, np.ndarray], outputs: list[str], params: dict[str, Any]) -> Any:
-    """A BLS request to an engine model from `contract.engine_inputs` arrays."""
-    inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
-    return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=outputs, parameters=params)
-
-
 class EngineClient:
-    def __init__(self, end_id: int, extensions: bool, stall_timeout_s: Callable[[], float]) -> None:
+    def __init__(self, end_id: int, extensions: bool, stall_timeout_s: Callable[[], float], key: EngineKey | None = None) -> None:
+        """`key`: the engine key every request carries (CPU engines, `extensions`; tensorrtllm checks none)."""
         self.end_id, self.extensions, self.stall_timeout_s = end_id, extensions, stall_timeout_s
+        self.key = key if extensions else None
         self.outputs = [t.name for t in ENGINE_OUTPUTS] + ([t.name for t in ENGINE_EXTENSIONS] if extensions else [])
         self._lock = threading.Lock()
         self._speculating = 0  # requests (and mirrors) now on spec_engine
         self._handing_over = threading.Lock()  # at most one hand-over message in flight
+        # Stop messages for requests the gate gave up on, sent off the request's thread: an engine
+        # that is gone makes each wait CONTROL_TIMEOUT_S, and the client must not wait with it.
+        self._stopper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine-stop")
 
     @property
     def speculating(self) -> int:
@@ -89,9 +110,11 @@ class EngineClient:
         cancel: threading.Event,
         already: int = 0,
         stream: bool | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> SpecStats:
         """Run one engine request for the rest of `llm`'s max_tokens (`already` emitted), passing
-        each response's new tokens on; returns the final stats. Raises as the module doc says."""
+        each response's new tokens on; returns the final stats. `on_idle` runs while the engine is
+        silent (bls.responses). Raises as the module doc says."""
         remaining = llm.max_tokens - already
         stats = SpecStats()
         if remaining <= 0:
@@ -101,21 +124,20 @@ class EngineClient:
         speculative = engine == "spec_engine"
         stall_s = self.stall_timeout_s() if speculative else None
         probe = (lambda: self.control(engine, {PARAM_PING: True})) if self.extensions else None
-        handed_over = False
+        handed_over = ended = False  # ended: the engine finished the request, nothing left to stop
         if speculative:
             self._count_speculating(+1)
         try:
-            for batch in responses(req, engine, stall_s, cancel, probe):
+            for batch in responses(req, engine, stall_s, cancel, probe, on_idle):
                 tokens: list[int] = []
                 for resp in batch:
                     if resp.has_error():
+                        ended = True
                         err = resp.error()
                         code = err.code() if hasattr(err, "code") else None
-                        # The gate validated every client-facing knob already, so spec_engine refusing a
-                        # request (e.g. an algorithm it has not loaded) is a deployment fault: fall back.
-                        if code == pb_utils.TritonError.INVALID_ARG and engine == "target_engine":
-                            raise InvalidInput(err.message())
-                        raise EngineFailure(f"{engine}: {err.message()}")
+                        if code == pb_utils.TritonError.INVALID_ARG:  # a refusal, not a failure
+                            raise InvalidInput(err.message()) if engine == "target_engine" else EngineRefused(f"{engine}: {err.message()}")
+                        raise _failure(engine, err.message())
                     out = _out(resp, "output_ids")
                     if out is None:  # the flag-only final response
                         continue
@@ -124,15 +146,14 @@ class EngineClient:
                     flag = _out(resp, "handed_over")
                     handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
                 on_tokens(tokens, stats)
-        except Cancelled:
-            if key is not None:
-                self._stop(engine, key)
-            raise
+            ended = True
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
-            raise EngineFailure(f"{engine}: {exc}") from exc
+            raise _failure(engine, str(exc)) from exc
         finally:
             if speculative:
                 self._count_speculating(-1)
+            if not ended and key is not None:  # cancelled, stalled, or the gate failed: no one reads it
+                self._stopper.submit(self._stop, engine, key)
         if handed_over:
             raise HandedOver()
         return stats
@@ -140,7 +161,7 @@ class EngineClient:
     def control(self, engine: str, params: dict[str, Any]) -> None:
         """Send `engine` a control message (contract.PARAM_*); EngineFailure unless it answers in time."""
         arrays = engine_inputs([self.end_id], 1, self.end_id, streaming=False)
-        req = _bls_request(engine, arrays, ["output_ids"], params)
+        req = self._bls_request(engine, arrays, ["output_ids"], params)
         try:
             for batch in responses(req, engine, CONTROL_TIMEOUT_S):
                 for resp in batch:
@@ -148,6 +169,9 @@ class EngineClient:
                         raise EngineFailure(f"{engine} is not answering: {resp.error().message()}")
         except pb_utils.TritonModelException as exc:
             raise EngineFailure(f"{engine} is not answering: {exc}") from exc
+
+    def shutdown(self) -> None:
+        self._stopper.shutdown(wait=False, cancel_futures=True)
 
     def hand_over(self) -> None:
         """Ask spec_engine to hand every running or queued request over to the baseline."""
@@ -174,7 +198,13 @@ class EngineClient:
             params[PARAM_ALGORITHM] = d.algorithm
             if d.num_speculative_tokens is not None:  # else the engine's default for the algorithm
                 params[PARAM_NUM_SPEC_TOKENS] = int(d.num_speculative_tokens)
-        return _bls_request(engine, arrays, self.outputs, params)
+        return self._bls_request(engine, arrays, self.outputs, params)
+
+    def _bls_request(self, engine: str, arrays: dict[str, np.ndarray], outputs: list[str], params: dict[str, Any]) -> Any:
+        """A BLS request to an engine model from `contract.engine_inputs` arrays, with the engine key."""
+        inputs = [pb_utils.Tensor(name, arr) for name, arr in arrays.items()]
+        params = params if self.key is None else self.key.stamp(params)
+        return pb_utils.InferenceRequest(model_name=engine, inputs=inputs, requested_output_names=outputs, parameters=params)
 
     def _stop(self, engine: str, key: str) -> None:
         try:

@@ -2,6 +2,9 @@
 
 Like the tensorrtllm backend: with `streaming` true each step's new tokens go out as they are made;
 otherwise exactly one response holds the whole output (HTTP `generate` needs exactly one).
+
+Every request, a generation or a control message, must carry the engine key (serving/engine_key.py):
+the engines serve spec_gate, not the network.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
 from specgate.calibration import Calibration, CalibrationOverride
+from specgate.serving.engine_key import EngineKey
 from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
+from specgate.serving.parent_watch import watch_parent
 from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput
@@ -191,9 +196,11 @@ class EngineModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
+        watch_parent()
         params = json.loads(args["model_config"])["parameters"]
         self.cfg = EngineConfig.load(params["engine_config"]["string_value"])
         self.name = args["model_name"]
+        self.key = EngineKey.from_env()
         self.outbox = ResponseSender()
         self.live = LiveRequests()
         self.metrics = EngineMetrics(pb_utils, self.name)
@@ -217,6 +224,7 @@ class EngineModel:
             sender = request.get_response_sender()
             try:
                 params = request_parameters(request)
+                self.key.check(params, self.name)  # InvalidInput for a caller that is not spec_gate
                 if self.control(params, sender):
                     continue
                 req, streaming = parse_engine_request(request, self.cfg)

@@ -17,8 +17,10 @@ that started alone keeps the one-at-a-time engine busy beside the batch, and bot
 
 Cancellation and dead engines (CPU engines only; docs/robustness.md): each response carries the
 request's key, which postprocessing sends back when the client has cancelled; the gate then stops
-the request and tells its engines to stop it too. An engine request that stays silent is checked
-with a ping, so a dead engine process fails the request instead of hanging it.
+the request and tells its engines to stop it too. While an engine is silent the gate sends
+postprocessing heartbeats, so that this also works for a non-streamed request. An engine request
+that stays silent is checked with a ping, so a dead engine process fails the request instead of
+hanging it, and a slow one that answers is left to finish.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ from specgate.gate.router import LOAD  # also the reason of a speculative reques
 from specgate.serving.bls import Cancelled, EngineFailure
 from specgate.serving.client_stream import ClientStream
 from specgate.serving.cpu_priority import yield_to_engines
-from specgate.serving.engine_client import EngineClient, HandedOver
+from specgate.serving.engine_client import EngineClient, EngineRefused, HandedOver
+from specgate.serving.engine_key import EngineKey
 from specgate.serving.gate_parsing import parse_gate_request, prompt_ids, stop_words
 from specgate.serving.live_requests import LiveRequests
 from specgate.serving.llm_request import LLMRequest
+from specgate.serving.parent_watch import watch_parent
 from specgate.serving.shadow import Shadow
 from specgate.serving.triton_io import FINAL, cancelled_response, error_response, request_parameters, unavailable_response
 from specgate.stats import SpecStats
@@ -69,13 +73,17 @@ class GateModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
         yield_to_engines()
+        watch_parent()
         p = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.max_output_len = int(p["max_output_len"])
+        self.max_input_len = int(p["max_input_len"])
+        self.vocab_size = int(p["vocab_size"]) if p.get("vocab_size") else None
         self.extensions = p["engine_extensions"] == "true"
+        self.key = EngineKey.from_env()  # on every engine request; every cancel message must carry it
         self.gate = Gate(
             p["policy_path"], metric_factory=pb_utils, label_secret=label_secret_from_env(), calibration_path=p.get("calibration_path") or None
         )
-        self.engines = EngineClient(int(p["end_id"]), self.extensions, lambda: self.gate.policy.speculative.stall_timeout_s)
+        self.engines = EngineClient(int(p["end_id"]), self.extensions, lambda: self.gate.policy.speculative.stall_timeout_s, self.key)
         self.shadow = Shadow(self.gate, self.engines)
         # One thread per admitted or queued request (the admission queue bounds them), plus the
         # hand-over message; threads start only as needed.
@@ -89,11 +97,12 @@ class GateModel:
             try:
                 params = request_parameters(request)
                 if PARAM_CANCEL in params:  # postprocessing: the client of this key cancelled
+                    self.key.check(params, "spec_gate")  # only our postprocessing may cancel
                     self._cancel(params[PARAM_CANCEL])
                     sender.send(flags=FINAL)
                     continue
                 llm = parse_gate_request(request, params, self.max_output_len)
-                prompt, stops = prompt_ids(request), stop_words(request)
+                prompt, stops = prompt_ids(request, self.vocab_size, self.max_input_len), stop_words(request)
                 ticket = self.gate.admission.enter()
                 decision = self.gate.decide(llm)
                 self.pool.submit(self._serve, sender, llm, decision, prompt, stops, ticket)
@@ -117,6 +126,7 @@ class GateModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.shadow.shutdown()
+        self.engines.shutdown()
 
     def _serve(self, sender: Any, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None, ticket: Ticket) -> None:
         key = secrets.randbits(63)
@@ -154,12 +164,15 @@ class GateModel:
         self, out: ClientStream, cancel: threading.Event, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
     ) -> None:
         try:
-            stats = self.engines.run("spec_engine", llm, d, prompt, stops, out.send, cancel)
+            stats = self.engines.run("spec_engine", llm, d, prompt, stops, out.send, cancel, on_idle=out.heartbeat)
             self.gate.record_speculative(d, stats)
         except HandedOver:
             self.gate.record_speculative(d, out.stats)
             # the response keeps reporting the drafts made before the hand-over
             self._continue_on_baseline(out, cancel, LOAD, out.stats, llm, d, prompt, stops)
+        except EngineRefused as exc:  # not a failure of the engine: the breaker does not hear of it
+            log.warning("spec_engine refused the request, serving it on target_engine: %s", exc)
+            self._continue_on_baseline(out, cancel, FALLBACK, SpecStats(), llm, d, prompt, stops)
         except EngineFailure as exc:
             log.warning("spec_engine failed, continuing on target_engine: %s", exc)
             self.gate.record_failure(d, "speculative")
@@ -169,16 +182,16 @@ class GateModel:
         self, out: ClientStream, cancel: threading.Event, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
     ) -> None:
         mirror = self.shadow.start(llm, d, prompt, stops, cancel) if d.shadow else None
+        served: list[int] | None = None  # what the mirror is compared with: nothing unless served at T=0
         try:
-            self.engines.run("target_engine", llm, d, prompt, stops, out.send, cancel)
-        except (EngineFailure, Cancelled) as exc:
-            if isinstance(exc, EngineFailure):
-                self.gate.record_failure(d, "baseline")
-            if mirror is not None:
-                self.shadow.end(d, mirror, None)
+            self.engines.run("target_engine", llm, d, prompt, stops, out.send, cancel, on_idle=out.heartbeat)
+            served = out.ids if llm.temperature == 0 else None
+        except EngineFailure:
+            self.gate.record_failure(d, "baseline")
             raise
-        if mirror is not None:
-            self.shadow.end(d, mirror, out.ids if llm.temperature == 0 else None)
+        finally:  # whatever ended the request, its mirror slot is freed once the mirror ends
+            if mirror is not None:
+                self.shadow.end(d, mirror, served)
 
     def _continue_on_baseline(
         self, out: ClientStream, cancel: threading.Event, reason: str, stats: SpecStats, llm: LLMRequest, d: Decision, prompt: list[int],
@@ -187,7 +200,9 @@ class GateModel:
         """Finish on target_engine a request that started on spec_engine, from the prompt plus the
         tokens already streamed; its responses report `reason` and `stats` from here on."""
         out.route, out.reason, out.stats = "baseline", reason, stats
-        self.engines.run("target_engine", llm, d, prompt + out.ids, stops, lambda tokens, _: out.send(tokens, stats), cancel, already=len(out.ids))
+        self.engines.run(
+            "target_engine", llm, d, prompt + out.ids, stops, lambda tokens, _: out.send(tokens, stats), cancel, already=len(out.ids), on_idle=out.heartbeat
+        )
 
     def _cancel(self, key: Any) -> None:
         """Postprocessing saw the client of request `key` cancel: stop serving it (EngineClient.run

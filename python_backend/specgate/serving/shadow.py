@@ -15,7 +15,7 @@ import numpy as np
 
 from specgate.gate import Decision, Gate
 from specgate.serving.bls import Cancelled
-from specgate.serving.engine_client import EngineClient, HandedOver
+from specgate.serving.engine_client import EngineClient, EngineRefused, HandedOver
 from specgate.serving.llm_request import LLMRequest
 from specgate.stats import SpecStats
 
@@ -34,8 +34,10 @@ class Shadow:
             ids: list[int] = []
             try:
                 stats = self.engines.run("spec_engine", llm, d, prompt, stops, lambda t, s: ids.extend(t), cancel, stream=False)
-            except (HandedOver, Cancelled):
-                return None  # stopped early (under load, or its request was cancelled): nothing to compare
+            except (HandedOver, Cancelled, EngineRefused):
+                # stopped early (under load, or its request was cancelled), or refused as invalid (no
+                # failure of the engine): nothing to compare
+                return None
             return ids, stats
 
         return self.pool.submit(mirror)

@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from specgate.contract import PARAM_CANCEL, REQUEST_KEY_TENSOR
-from specgate.serving.bls import KEEPALIVE
+from specgate.contract import GATE_OUTPUTS, REQUEST_KEY_TENSOR
+from specgate.serving.cancel_relay import CancelRelay
 from specgate.serving.cpu_priority import yield_to_engines
-from specgate.serving.triton_io import error_response, optional_array, optional_scalar, tensor
+from specgate.serving.engine_key import EngineKey
+from specgate.serving.parent_watch import watch_parent
+from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, tensor
 from specgate.text.detokenizer import delta_text
 from specgate.errors import InvalidInput
 from specgate.text.tokenizer import PromptTokenizer
@@ -28,6 +30,7 @@ def _params(args: dict[str, str]) -> dict[str, str]:
 class PreprocessingModel:
     def initialize(self, args: dict[str, str]) -> None:
         yield_to_engines()
+        watch_parent()
         p = _params(args)
         self.tok = PromptTokenizer(p["tokenizer_dir"], int(p["max_input_len"]))
 
@@ -56,43 +59,44 @@ class PreprocessingModel:
 
 
 class PostprocessingModel:
-    """Detokenizes each of the gate's responses. It is also the one step of the `llm` ensemble that
-    learns of a client's cancellation: Triton 2.51 marks the steps it schedules after one as
-    cancelled, not the gate's running step, so this model passes it on (`_cancel_gate`)."""
+    """Detokenizes each of the gate's responses and passes the gate's outputs on with the text. It is
+    also the one step of the `llm` ensemble that learns of a client's cancellation: Triton 2.51 marks
+    the steps it schedules after one as cancelled, not the gate's running step, so this model passes
+    it on to the gate (through `CancelRelay`, off this thread). Decoupled, so that it can swallow the
+    gate's heartbeats, which exist only to be looked at here (contract.TO_POSTPROCESSING)."""
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
         yield_to_engines()
+        watch_parent()
         self.tok = PromptTokenizer(_params(args)["tokenizer_dir"], 1).tok
+        self.relay = CancelRelay(EngineKey.from_env())
 
-    def execute(self, requests: list[Any]) -> list[Any]:
-        out = []
+    def execute(self, requests: list[Any]) -> None:
         for r in requests:
-            ids = [int(i) for i in optional_array(r, "output_ids").reshape(-1)]
-            prev = int(optional_scalar(r, "prev_output_length"))
-            final = bool(optional_scalar(r, "is_final"))
-            key = optional_scalar(r, REQUEST_KEY_TENSOR)
-            if key is not None and not final and r.is_cancelled():  # is_cancelled is an IPC: last
-                self._cancel_gate(key)
-            text = delta_text(self.tok, ids, prev, final)
-            out.append(pb_utils.InferenceResponse(output_tensors=[tensor("text_output", [text.encode()], np.object_)]))
-        return out
+            sender = r.get_response_sender()
+            try:
+                response = self._one(r)
+            except Exception as exc:  # answer, never drop: the client waits on this response
+                log.exception("postprocessing failed")
+                sender.send(error_response(f"postprocessing error: {exc}", invalid_arg=False), flags=FINAL)
+                continue
+            if response is None:
+                sender.send(flags=FINAL)
+            else:
+                sender.send(response, flags=FINAL)
+        return None
 
-    @staticmethod
-    def _cancel_gate(key: int) -> None:
-        """Tell spec_gate that the client of its request `key` cancelled (GateModel._cancel)."""
-        ids = pb_utils.Tensor("input_ids", np.zeros(1, np.int32))
-        lengths = pb_utils.Tensor("input_lengths", np.ones(1, np.int32))
-        req = pb_utils.InferenceRequest(
-            model_name="spec_gate", inputs=[ids, lengths], requested_output_names=["output_ids"], parameters={PARAM_CANCEL: str(key)}
-        )
-        it = None
-        try:
-            it = req.exec(decoupled=True)
-            for resp in it:
-                if resp.has_error():
-                    log.warning("spec_gate refused a cancellation: %s", resp.error().message())
-        except Exception as exc:  # the request then runs to its end
-            log.warning("could not pass a cancellation on to spec_gate: %s", exc)
-        finally:
-            KEEPALIVE.hold(req, it)
+    def _one(self, r: Any) -> Any | None:
+        """The client's response to one gate response; None for a heartbeat."""
+        ids = [int(i) for i in optional_array(r, "output_ids").reshape(-1)]
+        prev = int(optional_scalar(r, "prev_output_length"))
+        final = bool(optional_scalar(r, "is_final"))
+        key = optional_scalar(r, REQUEST_KEY_TENSOR)
+        if key is not None and not final and r.is_cancelled():  # is_cancelled is an IPC: last
+            self.relay.cancel(int(key))
+        if not final and len(ids) == prev:  # a heartbeat: nothing for the client
+            return None
+        text = delta_text(self.tok, ids, prev, final)
+        passed = [pb_utils.Tensor(t.name, optional_array(r, t.name)) for t in GATE_OUTPUTS]
+        return pb_utils.InferenceResponse(output_tensors=[tensor("text_output", [text.encode()], np.object_), *passed])

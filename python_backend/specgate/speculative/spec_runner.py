@@ -102,7 +102,10 @@ class SpeculativeRunner:
         self._q.put(_Job(req, emit, is_cancelled, algorithm, k, time.monotonic()))
 
     def recalibrate(self, done: Callable[[Calibration | Exception], None], override: CalibrationOverride | None = None) -> None:
-        """Measure again (except what `override` pins) after the requests already queued; `done` gets the result."""
+        """Measure again (except what `override` pins) after the requests already queued; `done` gets the result.
+        QueueFull like `submit`: a flood of them must not queue ahead of every request."""
+        if self._q.qsize() >= self.cfg.max_queue_size:
+            raise QueueFull(f"queue full ({self.cfg.max_queue_size} waiting); retry the calibration later")
         self._q.put(_Calibrate(override, done))
 
     def hand_over_all(self) -> None:
@@ -155,7 +158,10 @@ class SpeculativeRunner:
         finally:
             stream.close()  # frees the slot, before the final event reports the cache
         self._end(job, final)
-        self._republish()
+        try:  # the request has had its final event: a failure here must not send it another
+            self._republish()
+        except Exception:
+            log.exception("could not republish the calibration")
 
     def _republish(self) -> None:
         """Publish what serving taught about the curve (and drafting times) once it moved enough:

@@ -1,0 +1,146 @@
+"""Issue 26, item 6: nothing of ours outlives the process that started it.
+
+Seen: a `make serve` killed with SIGKILL, or hung up by a closed terminal, left tritonserver, its
+stubs and the OpenAI front serving for minutes, holding the ports; and a stub does not notice that
+tritonserver died (the backend's own check of its parent passes while the parent is an unreaped
+zombie). Each test starts a server of its own, on its own rendered repository (so that its stubs are
+never confused with the session server's), and kills it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
+from specgate_launcher import Ports, start, stop, wait_ready
+from tests.conftest import FREE_DRAFTING, ROOT, TEST_OUT
+from tests.integration.conftest import free_port
+
+OUT = TEST_OUT.parent / "test-orphans"
+GONE_WITHIN_S = 10  # the issue's bound for a SIGKILL; a graceful stop may take its exit timeout
+
+
+@pytest.fixture(scope="module")
+def repository(checkpoint: Path) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in ("policy.yaml", "tenants.yaml"):
+        shutil.copy(ROOT / "tests" / "integration" / name, OUT / name)
+    subprocess.run(
+        [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(OUT), "--policy", str(OUT / "policy.yaml"),
+         "--calibration-override", FREE_DRAFTING],
+        cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+    )
+    return OUT / "model_repository"
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it just ended
+                continue
+            out[int(entry.name)] = (int(fields[1]), fields[0])
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    procs, found, todo = _processes(), set(), [pid]
+    while todo:
+        parent = todo.pop()
+        children = {p for p, (pp, _) in procs.items() if pp == parent} - found
+        found |= children
+        todo += children
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    procs = _processes()
+    return {p for p in pids if p in procs and procs[p][1] not in "ZX"}  # a zombie has ended
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _kill_all(pids: set[int]) -> None:
+    for pid in _alive(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _ports() -> Ports:
+    return Ports(free_port(), free_port(), free_port(), free_port())
+
+
+@pytest.mark.parametrize("sig, within_s", [(signal.SIGKILL, GONE_WITHIN_S), (signal.SIGHUP, 60)], ids=["SIGKILL", "SIGHUP"])
+def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repository: Path, sig: int, within_s: float) -> None:
+    ports, log = _ports(), OUT / "launcher.log"
+    env = {**os.environ, ENV_COMPUTE_LOCK: str(OUT / "compute.lock")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "specgate_launcher", "--model-repository", str(repository), "--http-port", str(ports.http),
+           "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--front-port", str(ports.front)]  # fmt: skip
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    ours: set[int] = set()
+    try:
+        deadline = time.monotonic() + 900
+        while "[serve] ready" not in log.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        ours = _descendants(launcher.pid)
+        kinds = [_cmdline(p) for p in ours]
+        assert sum("tritonserver " in k for k in kinds) == 1 and sum("specgate_front" in k for k in kinds) == 1, kinds
+        assert sum("triton_python_backend_stub" in k for k in kinds) >= 6, kinds
+        os.kill(launcher.pid, sig)
+        launcher.wait(timeout=120)
+        left = _wait_gone(ours, within_s)
+        print(f"\n{signal.Signals(sig).name} to the launcher: {len(ours)} processes of ours, {len(left)} left after {within_s} s")
+        assert not left, [_cmdline(p) for p in left]
+    finally:
+        _kill_all(ours | _descendants(launcher.pid))
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_stubs_end_when_tritonserver_is_killed(repository: Path) -> None:
+    """tritonserver killed with SIGKILL and left unreaped (its parent does not wait for it, as a
+    launcher that is itself gone cannot): every stub must end within GONE_WITHIN_S."""
+    ports = _ports()
+    os.environ.setdefault(ENV_COMPUTE_LOCK, str(OUT / "compute.lock"))
+    server = start(repository, ports, log_file=OUT / "tritonserver.log")
+    stubs: set[int] = set()
+    try:
+        wait_ready(server, ports)
+        stubs = _descendants(server.pid)
+        assert sum("triton_python_backend_stub" in _cmdline(p) for p in stubs) >= 6
+        os.kill(server.pid, signal.SIGKILL)  # not reaped until the end of the test: a zombie
+        left = _wait_gone(stubs, GONE_WITHIN_S)
+        print(f"\ntritonserver killed: {len(stubs)} stubs, {len(left)} left after {GONE_WITHIN_S} s")
+        assert not left, [_cmdline(p) for p in left]
+    finally:
+        _kill_all(stubs)
+        stop(server)

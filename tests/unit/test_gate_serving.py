@@ -1,0 +1,149 @@
+"""The gate's and postprocessing's Triton adapters on fake_pb_utils (issue 26):
+
+- a shadow mirror's slot is freed whatever ends the request it mirrors (before: only an engine
+  failure or a cancellation freed it, and after max_concurrent_mirrors other errors every later
+  shadow decision was `shadow_busy` until a restart);
+- postprocessing never waits on spec_gate: a cancellation is relayed off its thread, so a gate that
+  does not answer stalls no response (before: a BLS call without a timeout inside `execute`);
+- postprocessing swallows the gate's heartbeats and passes the gate's outputs on with the text.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from tests.unit import fake_pb_utils as pb
+
+pb.install()
+
+from specgate.contract import GATE_OUTPUTS, PARAM_CANCEL, PARAM_ENGINE_KEY, REQUEST_KEY_TENSOR  # noqa: E402
+from specgate.errors import InvalidInput  # noqa: E402
+from specgate.gate import Gate, RequestInputs  # noqa: E402
+from specgate.serving.cancel_relay import CancelRelay  # noqa: E402
+from specgate.serving.client_stream import ClientStream  # noqa: E402
+from specgate.serving.engine_client import EngineClient  # noqa: E402
+from specgate.serving.engine_key import EngineKey  # noqa: E402
+from specgate.serving.gate_model import GateModel  # noqa: E402
+from specgate.serving.llm_request import LLMRequest  # noqa: E402
+from specgate.serving.shadow import Shadow  # noqa: E402
+from specgate.serving.text_models import PostprocessingModel  # noqa: E402
+from specgate.text.tokenizer import PromptTokenizer  # noqa: E402
+
+SECRET = "s3cret"
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, int]] = []
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+
+@pytest.fixture
+def handler() -> Iterator[dict[str, Any]]:
+    """{model name: function(request) -> iterator of responses} answering BLS requests."""
+    routes: dict[str, Any] = {}
+    pb.InferenceRequest.handler = lambda req: routes[req.model_name](req)
+    yield routes
+    pb.InferenceRequest.handler = None
+
+
+def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handler: dict[str, Any]) -> None:
+    (tmp_path / "p.yaml").write_text("mode: shadow\nshadow:\n  max_concurrent_mirrors: 1\n")
+    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([pb.Tensor("output_ids", [[4, 5]])])])  # the mirror
+    handler["target_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("input_ids: bad", pb.TritonError.INVALID_ARG))])
+    gm = GateModel.__new__(GateModel)
+    gm.gate = Gate(str(tmp_path / "p.yaml"))
+    gm.engines = EngineClient(2, True, lambda: 60.0, EngineKey(SECRET))
+    gm.shadow = Shadow(gm.gate, gm.engines)
+    inputs = RequestInputs(temperature=0.0)
+    d = gm.gate.decide(inputs)
+    assert (d.reason, d.shadow) == ("shadow", True)  # it holds the one mirror slot
+    llm = LLMRequest(max_tokens=4)
+    with pytest.raises(InvalidInput):  # not an engine failure, not a cancellation
+        gm._serve_baseline(ClientStream(Sender(), False, d.route, d.reason, 1), threading.Event(), llm, d, [1, 2], None)
+    gm.gate.finish(d)
+
+    def next_reason() -> str:
+        nd = gm.gate.decide(inputs)
+        gm.gate.finish(nd)
+        if nd.shadow:
+            gm.gate.end_shadow(nd, None)
+        return nd.reason
+
+    deadline = time.monotonic() + 30  # the mirror ends on the shadow pool
+    while (reason := next_reason()) != "shadow" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reason == "shadow", "the mirror slot was never freed"
+    gm.shadow.shutdown()
+    gm.engines.shutdown()
+
+
+class PostRequest:
+    """One gate response as postprocessing receives it."""
+
+    def __init__(self, ids: list[int], prev: int, final: bool, key: int, cancelled: bool) -> None:
+        gate = {"route": [b"speculative"], "gate_reason": [b"prod"], "num_draft_tokens": [6], "num_accepted_tokens": [3],
+                "acceptance_rate": [0.5], "num_output_tokens": [len(ids)], "draft_budget": [4]}  # fmt: skip
+        self.inputs = [
+            pb.Tensor("output_ids", np.array(ids, np.int32)), pb.Tensor("prev_output_length", np.array([prev], np.int32)),
+            pb.Tensor("is_final", np.array([final])), pb.Tensor(REQUEST_KEY_TENSOR, np.array([key], np.int64)),
+            *(pb.Tensor(t.name, np.array(gate[t.name], dtype=t.np_dtype)) for t in GATE_OUTPUTS),
+        ]  # fmt: skip
+        self.sender, self._cancelled = Sender(), cancelled
+
+    def get_response_sender(self) -> Sender:
+        return self.sender
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+
+def _execute_in_time(model: PostprocessingModel, request: PostRequest) -> None:
+    done = threading.Thread(target=model.execute, args=([request],), daemon=True)
+    done.start()
+    done.join(timeout=30)
+    assert not done.is_alive(), "postprocessing waited on spec_gate"
+
+
+def test_postprocessing_relays_a_cancel_without_waiting_on_a_hung_gate(checkpoint: Path, handler: dict[str, Any]) -> None:
+    hung, asked = threading.Event(), []
+
+    def gate(req: pb.InferenceRequest) -> Iterator[Any]:
+        asked.append(req.parameters)
+        hung.wait()  # never answers while the test runs
+        yield from ()
+
+    handler["spec_gate"] = gate
+    model = PostprocessingModel.__new__(PostprocessingModel)
+    model.tok = PromptTokenizer(checkpoint, 1).tok
+    model.relay = CancelRelay(EngineKey(SECRET))
+    try:
+        heartbeat = PostRequest([], 0, False, key=77, cancelled=True)
+        _execute_in_time(model, heartbeat)
+        assert heartbeat.sender.sent == [(None, FINAL)]  # a heartbeat reaches no client
+        deadline = time.monotonic() + 30
+        while not asked and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert asked == [{PARAM_CANCEL: "77", PARAM_ENGINE_KEY: SECRET}]
+        # the gate still hangs: the next response of another request goes out all the same
+        ids = PromptTokenizer(checkpoint, 64).tok.encode("Hello there", add_special_tokens=False)
+        final = PostRequest(ids, 0, True, key=78, cancelled=False)
+        _execute_in_time(model, final)
+        ((response, flags),) = final.sender.sent
+        out = {t.name(): t.as_numpy() for t in response.output_tensors}
+        assert flags == FINAL and out["text_output"][0].decode() == "Hello there"
+        assert set(out) == {"text_output", *(t.name for t in GATE_OUTPUTS)} and out["route"][0] == b"speculative"
+        _execute_in_time(model, PostRequest([], 0, False, key=77, cancelled=True))  # the same key is not relayed twice
+        time.sleep(0.3)
+        assert len(asked) == 1
+    finally:
+        hung.set()
