@@ -46,7 +46,7 @@ def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: in
 
 def wait_quiet(timeout_s: float = 300.0) -> None:
     """Wait until the machine is idle before measuring (a server's start-up work, or anything else)."""
-    from specgate.decoding.machine import wait_until_idle
+    from specgate.machine import wait_until_idle
 
     busy = wait_until_idle(max_busy=0.05, window_s=2.0, timeout_s=timeout_s)
     if busy > 0.05:
@@ -60,7 +60,7 @@ def machine_record() -> dict:
 
     import torch
 
-    from specgate.decoding.machine import machine
+    from specgate.machine import machine
 
     m = machine()
     record = {"cpu": m.cpu_model, "cores": m.cores, "isa": m.isa, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}

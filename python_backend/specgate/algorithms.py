@@ -6,7 +6,7 @@ the machine's cost curve says more does not pay. Requests above `max_k` are refu
 by the engine alike.
 
 `prior_acceptance` is the per-position acceptance a request starts from before its own drafts are
-verified (specgate/goodput.py): a property of the model and drafter, not of the machine. The values
+verified (cost_model/goodput.py): a property of the model and drafter, not of the machine. The values
 come from measured acceptance (docs/speculative.md, "Priors"); the engine replaces them with what it
 observes as it serves.
 """

@@ -125,7 +125,7 @@ PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
 # request submitted before it at the next step, with `handed_over` set, and answers at once.
 PARAM_HAND_OVER = "specgate_hand_over"
 # Control message for spec_engine: measure the machine again (value "" or true), or pin some
-# measurements (a JSON specgate.calibration.CalibrationOverride); answered once it is in force.
+# measurements (a JSON specgate.cost_model.calibration.CalibrationOverride); answered once it is in force.
 PARAM_CALIBRATE = "specgate_calibrate"
 # spec_engine's gauge of its measured verification cost curve, label `tokens`.
 VERIFY_COST_METRIC = "spec_decode_verification_cost_seconds"

@@ -16,7 +16,7 @@ import pytest
 
 from loadtest.metrics import scrape
 from specgate.algorithms import SPEC_ALGORITHMS
-from specgate.calibration import Calibration
+from specgate.cost_model.calibration import Calibration
 from specgate_client import GenerateParams, calibrate
 from specgate_launcher import engine_key
 from specgate.contract import VERIFY_COST_METRIC

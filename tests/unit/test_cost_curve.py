@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from specgate.decoding.cost_curve import measure
+from specgate.cost_model.measure import measure
 from specgate.decoding.target import Target, TargetInfo
 from specgate.decoding.tree import DraftTree
 

@@ -9,7 +9,7 @@ import pytest
 
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
-from specgate.gate.router import REASONS, Gate, RequestInputs
+from specgate.gate import REASONS, Gate, RequestInputs
 from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from specgate.calibration import Calibration
+from specgate.cost_model.calibration import Calibration
 from specgate.gate.breaker import BreakerState
-from specgate.goodput import CostCurve
+from specgate.cost_model.goodput import CostCurve
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import InMemoryMetricFactory
 from specgate.gate.tenants import hash_key
 from specgate.gate.policy import Mode, PolicyError
-from specgate.gate.router import REASONS, Decision, Gate, RequestInputs
+from specgate.gate import REASONS, Decision, Gate, RequestInputs
 from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
@@ -300,7 +300,7 @@ def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
 
 # -- routing on spec_engine's calibration -------------------------------------------------------------
 def _calibration(ratios: dict[int, float], draft_ms: dict[str, float]) -> Calibration:
-    from specgate.decoding.machine import machine
+    from specgate.machine import machine
 
     curve = CostCurve.of_ratios(ratios, base_ms=10.0)
     return Calibration.build(curve, draft_ms, set(), machine=machine(), backend="llamacpp", dtype="Q4_1", threads=2, measured_at="now")

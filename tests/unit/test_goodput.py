@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from specgate.goodput import (
+from specgate.cost_model.goodput import (
     Acceptance,
     CostCurve,
     DraftCost,

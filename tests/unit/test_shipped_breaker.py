@@ -14,11 +14,12 @@ from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.sampling import SamplingParams
 from specgate.gate.breaker import BreakerState, CircuitBreakers
-from specgate.gate.calibration import best_algorithm, breaker_thresholds
+from specgate.cost_model.route import best_algorithm, breaker_thresholds
 from specgate.gate.policy import load_policy
-from specgate.calibration import Calibration, CalibrationOverride
+from specgate.cost_model.calibration import Calibration
+from specgate.decoding.config import CalibrationOverride
 from specgate.speculative import SpeculativeGenerator
-from specgate.speculative.calibrate import calibrate
+from specgate.cost_model.measure import calibrate
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import DRAFT_GGUF, HEAD, ROOT

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgate.calibration import Calibration
+from specgate.cost_model.calibration import Calibration
 from specgate.decoding.config import EngineConfig
-from specgate.decoding.machine import machine
+from specgate.machine import machine
 from specgate.decoding.model import Llama, load_llama
 from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.plain import greedy_decode
 from specgate.decoding.torch_target import TorchTarget
-from specgate.goodput import CostCurve
+from specgate.cost_model.goodput import CostCurve
 from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer

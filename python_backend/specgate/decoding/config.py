@@ -7,13 +7,23 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specgate.calibration import CalibrationOverride
-from specgate.decoding.machine import machine
+from specgate.machine import machine
 
 Backend = Literal["llamacpp", "torch"]
 DType = Literal["auto", "bfloat16", "float32"]
+
+
+class CalibrationOverride(BaseModel):
+    """Pinned measurements, for tests or an operator who distrusts a measurement: the curve's shape
+    as cost ratios {tokens: cost(T)/cost(1)} (its scale, the one-token time, is still measured, since
+    drafting times are real milliseconds), and drafting times by algorithm."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cost_ratios: dict[int, float] | None = None
+    draft_ms: dict[str, float] = {}
 
 
 class EngineConfig(BaseModel):
@@ -38,7 +48,7 @@ class EngineConfig(BaseModel):
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")
     eagle_head_dir: Path | None = None
-    # Measurements spec_engine pins instead of taking (tests, or an operator): specgate.calibration.
+    # Measurements spec_engine pins instead of taking (tests, or an operator): specgate.cost_model.calibration.
     calibration_override: CalibrationOverride | None = None
     # Where spec_engine writes its calibration (cost curve, break-even rates) for the gate to read.
     calibration_path: Path | None = None

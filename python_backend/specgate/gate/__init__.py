@@ -4,6 +4,8 @@ policy  - the policy file (pydantic), hot reload
 tenants - the key file: API key hashes -> tenant names
 labels  - tenant metric labels, keyed by a server secret
 breaker - per-tenant acceptance EMA and circuit breaker
+decision      - what the gate decides about a request and the words it uses (routes, reasons)
+request_rules - what the policy says about one request (tenant, requested mode, canary, algorithm)
 router  - `Gate`: decide() and the outcome reports that feed the breaker and metrics
 metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)
 """
@@ -11,9 +13,8 @@ metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, load_policy, parse_policy
-from specgate.gate.router import (
-    REASONS, Decision, Gate, GateRequest, GateStats, RequestInputs,
-)
+from specgate.gate.decision import REASONS, Decision, GateRequest, GateStats, RequestInputs
+from specgate.gate.router import Gate
 
 __all__ = [
     "REASONS", "Admission", "BreakerState", "CircuitBreakers", "Decision", "Gate", "GateMetrics",

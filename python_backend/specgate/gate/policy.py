@@ -66,7 +66,7 @@ class BreakerPolicy(_Strict):
 
     ema_weight: float = Field(0.1, gt=0.0, le=1.0)
     # auto: from spec_engine's calibration, the acceptance below which drafting stops paying on this
-    # machine (gate/calibration.py), and 25% above it; a number pins it.
+    # machine (cost_model/route.py), and 25% above it; a number pins it.
     open_threshold: UnitInterval | Literal["auto"] = "auto"
     close_threshold: UnitInterval | Literal["auto"] = "auto"
     min_samples: int = Field(20, ge=1)
@@ -126,7 +126,7 @@ Algorithm = SpecAlgorithm | Literal["auto"]
 
 class SpeculativePolicy(_Strict):
     # auto: the algorithm spec_engine's calibration expects fastest on this machine, at the tenant's
-    # acceptance (gate/calibration.py); without a calibration (tensorrtllm), eagle.
+    # acceptance (cost_model/route.py); without a calibration (tensorrtllm), eagle.
     algorithm: Algorithm = "auto"
     # None: the engine's own default for whichever algorithm a request ends up with (CPU engine:
     # eagle 5-chain, eagle2 8-node tree, hybrid 13 nodes, ngram 5, draft_model 3), so a tenant or

@@ -26,7 +26,7 @@ The canary and `no_gain` apply only when `prod` comes from policy (tenant or org
 asks for `prod` itself has opted in (spec_engine then still drafts only what pays, down to nothing).
 
 The algorithm is the request's, the tenant's or the policy's; `auto` (the shipped default) is the one
-spec_engine's calibration expects fastest at the tenant's acceptance (gate/calibration.py). With a
+spec_engine's calibration expects fastest at the tenant's acceptance (cost_model/route.py). With a
 calibration the gate refuses algorithms the engine does not have, and `auto` breaker thresholds are
 the acceptance below which the decision's algorithm stops paying on this machine. A malformed `x-speculative-decoding` raises `PolicyError` (policy
 `malformed_header: reject`, the default) or is ignored (`ignore`), whether or not the tenant may
@@ -37,136 +37,35 @@ never logged, exported or echoed in an error.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import secrets
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable
 
-from specgate.algorithms import ALGORITHMS, SPEC_ALGORITHMS, check_k
-from specgate.calibration import Calibration
-from specgate.contract import HEADER_SPEC_MODE
+from specgate.algorithms import ALGORITHMS
+from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_pay
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
-from specgate.gate.calibration import CalibrationStore, best_algorithm, breaker_thresholds, can_pay
+from specgate.gate.decision import (
+    BASELINE, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY,
+    SPECULATIVE, TEMPERATURE, Decision, GateRequest, GateStats, Route,
+)
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
-from specgate.gate.policy import FALLBACK_CLOSE, FALLBACK_OPEN, BreakerPolicy, Loaded, Mode, Policy, PolicyError, PolicyStore, TenantPolicy
-from specgate.gate.tenants import ORG, TenantKeys
+from specgate.gate.policy import FALLBACK_CLOSE, FALLBACK_OPEN, BreakerPolicy, Loaded, Mode, Policy, PolicyStore, TenantPolicy
+from specgate.gate.request_rules import in_canary, requested_mode, setting, speculation, tenant_of
+from specgate.gate.tenants import ORG
+
 
 log = logging.getLogger(__name__)
 
-Route = Literal["speculative", "baseline"]
-SPECULATIVE: Route = "speculative"
-BASELINE: Route = "baseline"
-
-# Reason codes: stable, they are metric label values and the `gate_reason` output.
-MODE_OFF = "mode_off"
-TEMPERATURE = "temperature"
-CANARY_OUT = "canary_out"
-LOAD = "load"
-CIRCUIT_OPEN = "circuit_open"
-SHADOW = "shadow"
-SHADOW_BUSY = "shadow_busy"
-HALF_OPEN_PROBE = "half_open_probe"
-CANARY_IN = "canary_in"
-PROD = "prod"
-NO_GAIN = "no_gain"
-REASONS: tuple[str, ...] = (
-    MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, NO_GAIN, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
-    HALF_OPEN_PROBE, CANARY_IN, PROD,
-)
-# Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.
-ROUTE_OF: dict[str, Route] = {
-    reason: SPECULATIVE if reason in (HALF_OPEN_PROBE, CANARY_IN, PROD) else BASELINE for reason in REASONS
-}
-
-_MODES = {m.value: m for m in Mode}
-# `auto` without a calibration (the tensorrtllm engines publish none): the algorithm of the default
-# TensorRT-LLM build (build/specs/smollm2-eagle.yaml).
-AUTO_UNCALIBRATED = "eagle"
 # The deepest draft position any algorithm reaches (a chain's k, a tree's depth): position series.
 MAX_POSITIONS = max(a.max_k if a.max_depth is None else a.max_depth for a in ALGORITHMS.values())
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
-
-
-class GateRequest(Protocol):
-    """What decide() reads from a request (`specgate.serving.llm_request.LLMRequest` has these fields).
-
-    Strings are already decoded; absent is None. `temperature` should be the effective one (None
-    passes the temperature gate).
-    """
-
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def canary_key(self) -> str: ...  # a digest of the request's content (the canary hashes it without an id)
-    @property
-    def api_key(self) -> str | None: ...
-    @property
-    def spec_header(self) -> str | None: ...  # the x-speculative-decoding parameter, raw
-    @property
-    def use_speculative_decoding(self) -> bool | None: ...
-    @property
-    def temperature(self) -> float | None: ...
-    @property
-    def speculative_algorithm(self) -> str | None: ...
-    @property
-    def num_speculative_tokens(self) -> int | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RequestInputs:
-    """A plain GateRequest (tests, benchmarks, adapters without an LLMRequest)."""
-
-    request_id: str = ""
-    canary_key: str = ""
-    api_key: str | None = None
-    spec_header: str | None = None
-    use_speculative_decoding: bool | None = None
-    temperature: float | None = None
-    speculative_algorithm: str | None = None
-    num_speculative_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    route: Route
-    reason: str
-    shadow: bool  # serve baseline AND mirror to the speculative engine; call end_shadow() after
-    algorithm: str
-    num_speculative_tokens: int | None  # None: the engine's default for the algorithm
-    mode: Mode
-    tenant: str  # metric label: 8 hex of an HMAC of the tenant's name under the server secret, or "org"
-    probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
-    tenant_key: str = ORG  # breaker key: the tenant's name in the key file, or "org"
-
-
-class GateStats(Protocol):
-    """One finished speculative request or shadow mirror (`specgate.stats.SpecStats` is one).
-
-    `num_drafts` (verification steps), `accepted_per_position` and `modelled_speedup` are CPU-engine
-    extensions (None or empty from tensorrtllm); when
-    `num_drafts` is 0 or None while tokens were drafted (tensorrtllm) it is estimated as
-    ceil(draft_tokens / num_speculative_tokens), exact for fixed-length chains (and left at 0 when
-    the decision leaves k to the engine's default).
-    """
-
-    @property
-    def draft_tokens(self) -> int: ...
-    @property
-    def accepted_tokens(self) -> int: ...
-    @property
-    def num_drafts(self) -> int | None: ...
-    @property
-    def accepted_per_position(self) -> Sequence[int]: ...
-    @property
-    def modelled_speedup(self) -> float | None: ...
 
 
 class Gate:
@@ -228,15 +127,15 @@ class Gate:
         if loaded is not self._declared:
             self._declare(loaded)
         policy, keys = loaded
-        tenant_key, tenant = _tenant(inputs.api_key, policy, keys)
+        tenant_key, tenant = tenant_of(inputs.api_key, policy, keys)
         label = self._label(tenant_key)
-        requested = _requested_mode(inputs, policy)
+        requested = requested_mode(inputs, policy)
         cal = self._calibration.current()
-        algorithm, k = self._speculation(inputs, tenant, tenant_key, policy, cal)  # the last check that may reject it
-        if requested is not None and not _override(tenant, "allow_override", policy.allow_override):
+        algorithm, k = speculation(inputs, tenant, policy, cal, lambda: self._acceptance(tenant_key, policy))  # the last check that may reject it
+        if requested is not None and not setting(tenant, "allow_override", policy.allow_override):
             self._metrics.override_ignored(label)
             requested = None
-        mode = requested if requested is not None else _override(tenant, "mode", policy.mode)
+        mode = requested if requested is not None else setting(tenant, "mode", policy.mode)
         with self._lock:  # count this request and read the load before it, atomically
             already = self._in_flight
             self._in_flight += 1
@@ -302,11 +201,11 @@ class Gate:
     ) -> tuple[Route, str, bool, bool]:
         if mode is Mode.OFF:
             return BASELINE, MODE_OFF, False, False
-        threshold = _override(tenant, "temperature_threshold", policy.temperature_threshold)
+        threshold = setting(tenant, "temperature_threshold", policy.temperature_threshold)
         if inputs.temperature is not None and inputs.temperature > threshold:
             return BASELINE, TEMPERATURE, False, False
-        canary = 100.0 if from_request else _override(tenant, "canary_percent", policy.canary_percent)
-        if mode is Mode.PROD and canary < 100.0 and not _in_canary(inputs.request_id or inputs.canary_key, canary):
+        canary = 100.0 if from_request else setting(tenant, "canary_percent", policy.canary_percent)
+        if mode is Mode.PROD and canary < 100.0 and not in_canary(inputs.request_id or inputs.canary_key, canary):
             return BASELINE, CANARY_OUT, False, False
         limit = policy.load.max_in_flight
         if limit is not None and in_flight >= limit:
@@ -336,34 +235,10 @@ class Gate:
             return policy.breaker.pinned(*breaker_thresholds(cal, algorithm))
         return policy.breaker.pinned(FALLBACK_OPEN, FALLBACK_CLOSE)
 
-    def _speculation(
-        self, inputs: GateRequest, tenant: TenantPolicy | None, tenant_key: str, policy: Policy, cal: Calibration | None
-    ) -> tuple[str, int | None]:
-        """The algorithm and k a speculative route would use; PolicyError for what the engine would refuse."""
-        algorithm = inputs.speculative_algorithm or _override(tenant, "algorithm", policy.speculative.algorithm)
-        if algorithm == "auto":
-            if cal is None:
-                algorithm = AUTO_UNCALIBRATED
-            else:
-                snap = self._breakers.snapshot(tenant_key)
-                rate = snap.ema if snap.samples >= policy.breaker.min_samples else None
-                algorithm = best_algorithm(cal, rate)
-        if algorithm not in SPEC_ALGORITHMS:
-            raise PolicyError(f"speculative_algorithm: invalid value {algorithm[:32]!r}; allowed: {', '.join(SPEC_ALGORITHMS)}")
-        if cal is not None and algorithm not in cal.algorithms:
-            why = "it needs an EAGLE head trained for the served model" if ALGORITHMS[algorithm].needs_eagle_head else "no draft model is configured"
-            raise PolicyError(f"speculative_algorithm {algorithm} is not available on this server ({why}); available: {', '.join(cal.algorithms)}")
-        k = inputs.num_speculative_tokens
-        if k is None:
-            k = _override(tenant, "num_speculative_tokens", policy.speculative.num_speculative_tokens)
-        cap = policy.speculative.max_num_speculative_tokens
-        if k is not None and cap is not None and k > cap:
-            raise PolicyError(f"num_speculative_tokens: {k} is above this server's limit of {cap}")
-        try:
-            check_k(algorithm, k)  # the engine's own limits (specgate.algorithms)
-        except ValueError as exc:
-            raise PolicyError(str(exc)) from None
-        return algorithm, k
+    def _acceptance(self, tenant_key: str, policy: Policy) -> float | None:
+        """The tenant's acceptance EMA, once it rests on enough samples (`auto` picks by it)."""
+        snap = self._breakers.snapshot(tenant_key)
+        return snap.ema if snap.samples >= policy.breaker.min_samples else None
 
     def _label(self, tenant_key: str) -> str:
         label = self._labels.get(tenant_key)
@@ -386,44 +261,3 @@ class Gate:
         label = self._label(tenant_key)
         log.info("breaker %s: %s -> %s", label, old.value, new.value)
         self._metrics.circuit_state(label, _CIRCUIT_GAUGE[new])
-
-
-def _tenant(api_key: str | None, policy: Policy, keys: TenantKeys) -> tuple[str, TenantPolicy | None]:
-    """The tenant's name (ORG for a missing or unknown key) and its settings (None: the org's)."""
-    name = keys.tenant_of(str(api_key)) if api_key else None
-    if name is not None:
-        return name, policy.tenants.get(name)
-    if policy.unknown_tenant == "reject":
-        raise PolicyError("x-api-key is missing or not a known tenant key")
-    return ORG, None
-
-
-def _requested_mode(inputs: GateRequest, policy: Policy) -> Mode | None:
-    """The mode the request asks for itself, if any (header first, then the BOOL input)."""
-    if inputs.spec_header is not None:
-        mode = _MODES.get(inputs.spec_header.strip().lower())
-        if mode is not None:
-            return mode
-        if policy.malformed_header == "reject":
-            raise PolicyError(
-                f"{HEADER_SPEC_MODE}: invalid value {inputs.spec_header[:32]!r}; "
-                f"allowed: {', '.join(_MODES)}"
-            )
-    if inputs.use_speculative_decoding is not None:
-        return Mode.PROD if inputs.use_speculative_decoding else Mode.OFF
-    return None
-
-
-def _in_canary(key: str, percent: float) -> bool:
-    """Deterministic from the request alone (its id, else a digest of its content), never from process
-    state: every replica behind a load balancer, and a retry on another one, puts a request on the
-    same side of the canary."""
-    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 10_000
-    return bucket < percent * 100.0
-
-
-def _override(tenant: TenantPolicy | None, field: str, default: Any) -> Any:
-    if tenant is None:
-        return default
-    value = getattr(tenant, field)
-    return default if value is None else value

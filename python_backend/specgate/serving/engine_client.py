@@ -30,7 +30,7 @@ from specgate.contract import (
 )
 from specgate.errors import InvalidInput
 from specgate.gate import Decision
-from specgate.serving.bls import Cancelled, EngineFailure, responses
+from specgate.serving.bls import EngineFailure, responses
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.llm_request import LLMRequest
 from specgate.stats import SpecStats

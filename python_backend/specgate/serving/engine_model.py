@@ -24,11 +24,12 @@ from specgate.contract import (
 )
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
-from specgate.decoding.machine import machine
+from specgate.machine import machine
 from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
-from specgate.calibration import Calibration, CalibrationOverride
+from specgate.cost_model.calibration import Calibration
+from specgate.decoding.config import CalibrationOverride
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests

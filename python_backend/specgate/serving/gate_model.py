@@ -40,7 +40,7 @@ from specgate.gate import Decision, Gate, PolicyError
 from specgate.gate.admission import Overloaded, Ticket
 from specgate.gate.labels import label_secret_from_env
 from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
-from specgate.gate.router import LOAD  # also the reason of a speculative request handed over
+from specgate.gate.decision import LOAD  # also the reason of a speculative request handed over
 from specgate.serving.bls import Cancelled, EngineFailure
 from specgate.serving.client_stream import ClientStream
 from specgate.serving.cpu_priority import yield_to_engines

@@ -1,7 +1,7 @@
 """The speculative generation loop for one sequence at a time (target slot 0).
 
     prefill -> root token
-    loop: choose the step's draft budget (specgate/goodput.py; fixed k without a cost curve)
+    loop: choose the step's draft budget (cost_model/goodput.py; fixed k without a cost curve)
           the drafter proposes a tree of at most that many nodes under the root
           one target pass over (root, tree), each node seeing only its ancestors
           verify -> accepted path + bonus token; the target keeps the accepted path
@@ -25,8 +25,8 @@ from specgate.decoding.request import hits_stop
 from specgate.decoding.sampling import SamplingParams, sample_token, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
-from specgate.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget
-from specgate.live_curve import LiveCurve
+from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget
+from specgate.cost_model.live import LiveCurve
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
 from specgate.stats import SpecStats

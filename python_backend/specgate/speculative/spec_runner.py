@@ -4,7 +4,7 @@ Speculation already spends the spare compute of a step on draft tokens, so like 
 draft-target BLS flow this engine does not batch; `queue_depth` lets the gate's load rule send
 overflow to the batched baseline instead.
 
-The worker also owns calibration (speculative/calibrate.py): at start, and again whenever
+The worker also owns calibration (cost_model/measure.py): at start, and again whenever
 `recalibrate` is called, it measures the machine between requests and publishes the result.
 """
 
@@ -22,8 +22,9 @@ from specgate.decoding.config import EngineConfig
 from specgate.decoding.request import Event, GenerationRequest, check_prompt
 from specgate.decoding.batch_runner import QueueFull
 from specgate.decoding.target import Target
-from specgate.calibration import Calibration, CalibrationOverride
-from specgate.speculative.calibrate import calibrate
+from specgate.cost_model.calibration import Calibration
+from specgate.decoding.config import CalibrationOverride
+from specgate.cost_model.measure import calibrate
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 

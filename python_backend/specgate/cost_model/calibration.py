@@ -1,11 +1,11 @@
 """What spec_engine measured about its machine, as published for the gate (no torch: the gate reads it).
 
-- `curve`: the verification cost curve (decoding/cost_curve.py measures it);
+- `curve`: the verification cost curve (cost_model/measure.py measures it);
 - per algorithm: its drafting time (ms per node for chain drafters, per step for trees), and from
   both the per-position acceptance at which drafting starts to pay (`break_even_alpha`).
 
 spec_engine writes it as JSON (`EngineConfig.calibration_path`) at load and whenever it is asked to
-measure again; the gate (gate/calibration.py) routes and sets its breaker thresholds from it.
+measure again; the gate (cost_model/route.py) routes and sets its breaker thresholds from it.
 """
 
 from __future__ import annotations
@@ -14,22 +14,11 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from specgate.algorithms import ALGORITHMS
-from specgate.decoding.machine import Machine
-from specgate.goodput import CostCurve, DraftCost, break_even_alpha, expected_speedup, rate_of_alpha
-
-
-class CalibrationOverride(BaseModel):
-    """Pinned measurements, for tests or an operator who distrusts a measurement: the curve's shape
-    as cost ratios {tokens: cost(T)/cost(1)} (its scale, the one-token time, is still measured, since
-    drafting times are real milliseconds), and drafting times by algorithm."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cost_ratios: dict[int, float] | None = None
-    draft_ms: dict[str, float] = {}
+from specgate.machine import Machine
+from specgate.cost_model.goodput import CostCurve, DraftCost, break_even_alpha, expected_speedup, rate_of_alpha
 
 
 class AlgorithmCalibration(BaseModel):

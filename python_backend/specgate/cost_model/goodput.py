@@ -9,7 +9,7 @@ For a budget of n draft nodes (a chain of n tokens, or a tree of n nodes):
 
     goodput(n) = (1 + E[accepted | n]) / (cost(n + 1) + draft_ms(n))        goodput(0) = 1 / cost(1)
 
-`cost` is the engine's measured verification curve (decoding/cost_curve.py), `draft_ms` the drafter's
+`cost` is the engine's measured verification curve (cost_model/measure.py), `draft_ms` the drafter's
 own measured drafting time, and E[accepted] comes from the request's running per-position
 acceptance (`Acceptance`):
 

@@ -1,4 +1,4 @@
-"""The gate's view of spec_engine's calibration (specgate.calibration), reloaded when the engine
+"""The gate's view of spec_engine's calibration (specgate.cost_model.calibration), reloaded when the engine
 publishes a new one (at its load, and whenever it is asked to measure again).
 
 What the gate takes from it:
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from specgate.algorithms import ALGORITHMS
-from specgate.calibration import Calibration, default_depth
-from specgate.goodput import alpha_of_rate
+from specgate.cost_model.calibration import Calibration, default_depth
+from specgate.cost_model.goodput import alpha_of_rate
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import math
 import statistics
 from collections import deque
 
-from specgate.goodput import CostCurve, interpolate
+from specgate.cost_model.goodput import CostCurve, interpolate
 
 
 class LiveCurve:

@@ -1,7 +1,13 @@
-"""Measuring spec_engine's machine at load: the cost curve and each drafter's drafting time.
+"""Measuring: the machine's verification cost curve on a target, each drafter's drafting time, and
+the calibration spec_engine publishes from both (at load, and whenever it is asked again).
+
+Whether speculation pays depends on cost(T) / cost(1). Where verifying 8 tokens costs about as much
+as 1 (a CPU with native bf16 running PyTorch), drafting 8 pays even at low acceptance; where it costs
+8 times as much (llama.cpp on an AVX2-only CPU), almost nothing does. So the speculative engine
+measures its own curve at load, and the budget controller and the gate read it.
 
 Drafting time is timed on a synthetic context so that it is known before the first request; the
-generator keeps refining it from the real drafts (DraftCost is an EMA).
+generator keeps refining it from the real drafts (goodput.DraftCost is an EMA).
 """
 
 from __future__ import annotations
@@ -9,26 +15,89 @@ from __future__ import annotations
 import datetime
 import logging
 import random
+import statistics
 import time
+from collections.abc import Mapping
+from typing import ClassVar, Protocol
 
 import torch
+from torch import Tensor
 
 from specgate.algorithms import ALGORITHMS
-from specgate.calibration import Calibration, CalibrationOverride
-from specgate.decoding.cost_curve import measure
-from specgate.decoding.machine import machine, wait_until_idle
+from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.goodput import CostCurve
+from specgate.decoding.config import CalibrationOverride
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
-from specgate.goodput import CostCurve
-from specgate.speculative.drafter import Drafter
+from specgate.decoding.tree import DraftTree
+from specgate.machine import machine, wait_until_idle
 
 log = logging.getLogger(__name__)
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # tokens per decode (root + draft nodes)
+
+
+def measure(target: Target, slot: int, sizes: tuple[int, ...] = SIZES, context: int = 256, reps: int = 5, seed: int = 0) -> CostCurve:
+    """The median compute time of one verification decode of each size, as the engine pays for it.
+
+    Every decode runs at `context` cached tokens (each is rolled back after). A T-token decode is
+    timed between plain one-token steps, the pattern of a request that drafts now and then, and is
+    charged what it makes the plain step after it cost above a steady plain step: llama.cpp reuses
+    its compute graph only while the batch shape stays the same (cost_model/live.py counts the
+    same way when serving). Sizes are interleaved within each repetition so that machine noise
+    spreads over all of them; `slot` is left released.
+
+    Each repetition also times a run of plain one-token decodes in a row (the steady graph of a bare
+    decode loop): the floor, which cost(1) must agree with (calibrate() below checks).
+    """
+    rng = random.Random(seed)
+    vocab = target.info.vocab_size
+    context = min(context, target.info.max_context - max(sizes) - 1)
+
+    def decode(t: int) -> float:
+        target.verify(slot, rng.randrange(vocab), DraftTree.chain([rng.randrange(vocab) for _ in range(t - 1)]), features=False)
+        target.commit(slot, [0])
+        target.truncate(slot, context)
+        return target.last_verify_ms
+
+    samples: dict[int, list[float]] = {t: [] for t in sizes}
+    floor: list[float] = []
+    try:
+        target.prefill(slot, [rng.randrange(vocab) for _ in range(context)], features=False)
+        for rep in range(reps + 1):  # the first repetition warms caches and allocations, not counted
+            steady = [decode(1) for _ in range(4)]
+            if rep:
+                floor.append(statistics.median(steady[1:]))
+            for t in sizes:
+                decode(1)  # back on the plain step's graph
+                plain = decode(1)
+                draft = decode(t)
+                after = decode(1)
+                if rep:
+                    samples[t].append(plain if t == 1 else draft + after - plain)
+    finally:
+        target.release(slot)
+    return CostCurve(
+        tokens=list(sizes), ms=[max(statistics.median(samples[t]), 1e-3) for t in sizes], context=context, floor_ms=statistics.median(floor)
+    )
+
+
+class Proposer(Protocol):
+    """What drafting-time measurement needs of a drafter (speculative.drafter.Drafter has it)."""
+
+    name: ClassVar[str]
+    uses_features: ClassVar[bool]
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None: ...
+    def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree: ...
+    def accept(self, tree: DraftTree, path: list[int]) -> None: ...
+
 
 FLOOR_TOLERANCE = 0.15  # cost(1) may differ this much from the bare decode loop measured beside it
 ATTEMPTS = 3  # measurements of the curve, at most, until one agrees with its floor
 
 
-def time_drafter(target: Target, drafter: Drafter, k: int, context: int = 128, steps: int = 4, seed: int = 0) -> float:
+def time_drafter(target: Target, drafter: Proposer, k: int, context: int = 128, steps: int = 4, seed: int = 0) -> float:
     """Median drafting time of `steps` proposals of k nodes on a random context: per node or per step."""
     rng = random.Random(seed)
     tokens = [rng.randrange(target.info.vocab_size) for _ in range(context)]
@@ -73,7 +142,7 @@ def measure_checked(target: Target, sizes: tuple[int, ...] | None = None) -> Cos
 
 
 def calibrate(
-    target: Target, drafters: dict[str, Drafter], override: CalibrationOverride | None = None, idle_timeout_s: float = 0.0
+    target: Target, drafters: Mapping[str, Proposer], override: CalibrationOverride | None = None, idle_timeout_s: float = 0.0
 ) -> Calibration:
     """Measure the curve and every drafter's cost on `target` (slot 0, idle), except what `override` pins.
     `idle_timeout_s` > 0: first wait (that long at most) until nothing else computes on the machine."""
