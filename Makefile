@@ -42,10 +42,10 @@ else
 	$(VPY) -m specgate_launcher
 endif
 
-test: build-engines  ## unit + integration tests (starts its own tritonserver on ports 18000-18002)
-	$(VPY) -m pytest -q
+test: build-engines  ## unit + sweeps + integration tests (starts its own tritonserver on ports 18000-18002); PYTEST_ARGS= passes more
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
-test-unit: setup
+test-unit: setup  ## the unit tier alone (no server, no long sweeps): the inner loop, under 3 minutes
 	$(VPY) -m pytest -q tests/unit
 
 soak: build-engines  ## SOAK_S seconds (600) of mixed traffic, cancellations and policy reloads against a test server; prints the figures

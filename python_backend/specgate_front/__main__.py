@@ -9,7 +9,6 @@ import os
 
 import uvicorn
 
-from specgate.serving.cpu_priority import yield_to_engines
 from specgate_front.app import create_app
 from specgate_front.triton import LLM_MODEL
 
@@ -22,7 +21,6 @@ def main() -> None:
     ap.add_argument("--model", default=LLM_MODEL, help="the entry-point model, also the name clients send")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")  # uvicorn's own look
-    yield_to_engines()  # it relays every streamed chunk on the cores the engines decode on
     uvicorn.run(create_app(args.grpc_url, args.model), host=args.host, port=args.port, log_level="info")
 
 

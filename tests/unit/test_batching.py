@@ -17,7 +17,7 @@ from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.batch_runner import BatchRunner, QueueFull
 from specgate.decoding.sampling import SamplingParams
 from tests.prompts import GREEDY_PROMPTS
-from tests.unit.test_engine_reference import chat_ids, model, run_all, tok, torch_runner  # noqa: F401 (fixtures)
+from tests.unit.torch_engine import chat_ids, model, run_all, tok, torch_runner  # noqa: F401 (fixtures)
 
 NEW_TOKENS = 12
 MAX_CONTEXT = 192

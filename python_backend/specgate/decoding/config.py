@@ -43,7 +43,7 @@ class EngineConfig(BaseModel):
     # each streamed response costs work in the gate, postprocessing and the HTTP front on the cores
     # llama.cpp decodes on, so fewer of them keep the streamed baseline near plain llama.cpp
     # (docs/engines.md, "Threads, and engines that take turns")
-    stream_interval_ms: float = Field(20.0, ge=0, description="streamed responses at most this often (tokens in between go together); 0 = one per step")
+    stream_interval_ms: float = Field(50.0, ge=0, description="streamed responses at most this often (tokens in between go together); 0 = one per step")
     # spec_engine only: which drafters to load (n-gram needs no weights). The default algorithm lives
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")

@@ -43,7 +43,6 @@ from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.gate.decision import LOAD  # also the reason of a speculative request handed over
 from specgate.serving.bls import Cancelled, EngineFailure
 from specgate.serving.client_stream import ClientStream
-from specgate.serving.cpu_priority import yield_to_engines
 from specgate.serving.engine_client import EngineClient, EngineRefused, HandedOver
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.gate_parsing import parse_gate_request, prompt_ids, stop_words
@@ -72,7 +71,6 @@ class _CancelFlag(threading.Event):
 class GateModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
-        yield_to_engines()
         watch_parent()
         p = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.max_output_len = int(p["max_output_len"])

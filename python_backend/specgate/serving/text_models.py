@@ -10,7 +10,6 @@ import numpy as np
 
 from specgate.contract import GATE_OUTPUTS, REQUEST_KEY_TENSOR
 from specgate.serving.cancel_relay import CancelRelay
-from specgate.serving.cpu_priority import yield_to_engines
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.parent_watch import watch_parent
 from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, tensor
@@ -29,7 +28,6 @@ def _params(args: dict[str, str]) -> dict[str, str]:
 
 class PreprocessingModel:
     def initialize(self, args: dict[str, str]) -> None:
-        yield_to_engines()
         watch_parent()
         p = _params(args)
         self.tok = PromptTokenizer(p["tokenizer_dir"], int(p["max_input_len"]))
@@ -67,7 +65,6 @@ class PostprocessingModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
-        yield_to_engines()
         watch_parent()
         self.tok = PromptTokenizer(_params(args)["tokenizer_dir"], 1).tok
         self.relay = CancelRelay(EngineKey.from_env())
