@@ -97,19 +97,10 @@ class LlamaCppTarget(Target):
         if not self._model:
             raise ValueError(f"llama.cpp could not load {self.gguf}")
         self.trees = tree_nodes > 0
-        cp = L.llama_context_default_params()
         # a tree of N nodes has at most N leaves, each its own sequence id beside the slots
-        cp.n_seq_max = num_slots + (tree_nodes if self.trees else 0)
-        cp.kv_unified = self.trees
+        n_seq_max = num_slots + (tree_nodes if self.trees else 0)
         cells = max_context if self.trees else max_context * num_slots
-        cp.n_ctx = cells
-        cp.n_batch = cp.n_ubatch = N_BATCH
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.embeddings = False
-        # Flash attention skips masked cells, so cells freed after the accepted depth of a verified
-        # tree do not change later results (without it, any hole between cells changes rounding).
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        self._ctx = L.llama_init_from_model(self._model, cp)
+        self._ctx = L.llama_init_from_model(self._model, self._context_params(cells, n_seq_max, threads))
         if not self._ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {cells} cells")
         self._pool = self._native.threadpool(threads, POLL)
@@ -133,16 +124,29 @@ class LlamaCppTarget(Target):
         self._len: dict[int, int] = {}  # tokens in the cache, per slot
         self._redo: dict[int, list[int]] = {}  # exact mode: accepted tokens taken out of the cache, decoded next
         self._verified: _Verified | None = None
-        self._n_seq_max = cp.n_seq_max
-        self._extra_seqs = list(range(num_slots, cp.n_seq_max))
-        self._batch = L.llama_batch_init(N_BATCH, 0, cp.n_seq_max)
-        b = self._batch
+        self._n_seq_max = n_seq_max
+        self._extra_seqs = list(range(num_slots, n_seq_max))
+        self._batch = L.llama_batch_init(N_BATCH, 0, n_seq_max)
+        b = self._batch  # numpy views of the batch's arrays, filled by _put
         self._tok = np.ctypeslib.as_array(b.token, shape=(N_BATCH,))
         self._pos = np.ctypeslib.as_array(b.pos, shape=(N_BATCH,))
         self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(N_BATCH,))
         self._out = np.ctypeslib.as_array(b.logits, shape=(N_BATCH,))
-        self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(cp.n_seq_max,)) for i in range(N_BATCH)]
+        self._seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(N_BATCH)]
         self._tables: tuple[Tensor, Tensor] | None = None
+
+    def _context_params(self, cells: int, n_seq_max: int, threads: int):  # noqa: ANN202 (a llama_context_params)
+        cp = self._L.llama_context_default_params()
+        cp.n_seq_max = n_seq_max
+        cp.kv_unified = self.trees
+        cp.n_ctx = cells
+        cp.n_batch = cp.n_ubatch = N_BATCH
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.embeddings = False
+        # Flash attention skips masked cells, so cells freed after the accepted depth of a verified
+        # tree do not change later results; exact mode relies on its one-chunk path.
+        cp.flash_attn_type = self._L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        return cp
 
     def __del__(self) -> None:
         L = getattr(self, "_L", None)
