@@ -46,7 +46,7 @@ test: build-engines  ## unit + sweeps + integration tests (starts its own triton
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 test-unit: setup  ## the unit tier alone (no server, no long sweeps): the inner loop, under 3 minutes
-	$(VPY) -m pytest -q tests/unit
+	$(VPY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 soak: build-engines  ## SOAK_S seconds (600) of mixed traffic, cancellations and policy reloads against a test server; prints the figures
 	SPECGATE_SOAK_S=$(SOAK_S) $(VPY) -m pytest -q -s tests/integration/test_gate_soak.py
