@@ -8,13 +8,10 @@ At temperature 0 a request's output must not depend on the route, the draft budg
 Token-identical: no tolerance, no near-tie excuse (exact mode makes a token's logits bit-identical
 whatever its decode holds; test_llamacpp_exact.py checks that directly).
 
-How many prompts: because the logits are bit-identical, a difference here can only come from the
-engine's logic (a rejected cell kept in the KV cache, a tree redo that skips a token, a slot that
-sees another's state), never from a near-tie, and such a fault corrupts every later step of the
-request. 16 prompts x 64 tokens put hundreds of verifications with rejections through every
-algorithm and budget (each test asserts that drafts were both accepted and rejected).
-SPECGATE_LOSSLESS_FULL=1 runs the earlier bar, 50 x 64 (about 10 min on a 2-core EPYC, 28 on a
-slower Xeon).
+50 prompts x 64 tokens. Because the logits are bit-identical, a difference here can only come
+from the engine's logic (a rejected cell kept in the KV cache, a tree redo that skips a token, a slot
+that sees another's state), never from a near-tie; each test asserts that its drafts were both
+accepted and rejected, so that the rollback paths ran.
 
 Sampling: rejection sampling over llama.cpp's verification rows keeps the target's distribution
 (chi-square on three-token outcomes, a sampled chain and a tree).
@@ -23,7 +20,6 @@ Sampling: rejection sampling over llama.cpp's verification rows keeps the target
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 from pathlib import Path
@@ -44,7 +40,7 @@ from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import DRAFT_GGUF, HEAD
 from tests.unit.stat_helpers import passes_chi2
 
-NUM_PROMPTS, NEW_TOKENS = (50, 64) if os.environ.get("SPECGATE_LOSSLESS_FULL") == "1" else (16, 64)
+NUM_PROMPTS, NEW_TOKENS = 50, 64
 MAX_LEN = 448
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "speculative_prompts.json"
 pytestmark = pytest.mark.timeout(3600)
