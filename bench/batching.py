@@ -12,6 +12,11 @@ TPOT per request = time from its first to its last token / tokens after the firs
 up in TTFT, not TPOT). Every repeat runs every cell once, in a rotated order, so
 machine noise spreads over all configurations; the table gives median [min-max] over repeats.
 
+Floor: our engine's bare decode loop (bench/peer.py, `floor`) on the first prompt, in a fresh
+process of its own, once per repeat while every runner here is idle: what c=1 should approach.
+c=8 target: batched throughput at c=8 over c=1 against what the calibrated curve allows,
+8 x cost(1) / cost(8) (a decode of 8 tokens costs about what 8 sequences' next tokens cost).
+
 Crossover: the lowest c at which batched throughput (median) exceeds the speculative engine's. The
 gate's `load.max_in_flight` counts requests already in flight, so it should be crossover - 1.
 """
@@ -28,6 +33,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from bench.common import ROOT, machine_lines, machine_record, median, spread, write_results
+from bench.peer import DecodeProcess
 from bench.prompts import load_prompts
 from specgate.algorithms import ALGORITHMS
 from specgate.decoding.config import EngineConfig
@@ -134,6 +140,8 @@ class Setup:
     configs: dict[str, Submit]
     runners: list
     drafters: list[str]
+    spec: SpeculativeRunner
+    floor: DecodeProcess | None  # llama.cpp only: the bare loop in a fresh process
 
 
 def build(args: argparse.Namespace) -> Setup:
@@ -155,26 +163,31 @@ def build(args: argparse.Namespace) -> Setup:
     configs: dict[str, Submit] = {"batched": batched.submit, "unbatched": unbatched.submit}
     for alg in args.algorithms.split(","):
         configs[f"spec-{alg}"] = lambda r, emit, alg=alg: spec.submit(r, emit, algorithm=alg)
-    return Setup(configs, [batched, unbatched, spec], sorted(spec.generator.drafters))
+    floor = DecodeProcess("floor", gguf, MAX_CONTEXT, base.threads, exact=base.exact) if args.backend == "llamacpp" else None
+    return Setup(configs, [batched, unbatched, spec], sorted(spec.generator.drafters), spec, floor)
 
 
-def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eos: int) -> dict[str, dict[int, list[dict]]]:
-    """Every cell once per repeat, in an order rotated per repeat."""
+def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eos: int) -> tuple[dict[str, dict[int, list[dict]]], list[float]]:
+    """Every cell once per repeat, in an order rotated per repeat; the floor once per repeat."""
     for submit in setup.configs.values():  # warm-up: first-call allocations and kernel selection
         run_cell(submit, prompts[:2], 8, eos)
     cells: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in CONCURRENCY} for name in setup.configs}
+    floor_ms: list[float] = []
     names = list(setup.configs)
     for rep in range(args.repeats):
+        if setup.floor is not None:
+            floor_ms.append(setup.floor.run(prompts[0], args.tokens, eos=eos).tpot_ms)
+            print(f"  rep {rep + 1} floor {floor_ms[-1]:.2f} ms/token", flush=True)
         order = names[rep % len(names):] + names[: rep % len(names)]
         for c in CONCURRENCY:
             for name in order:
                 cell = run_cell(setup.configs[name], prompts[:c], args.tokens, eos)
                 cells[name][c].append(cell)
                 print(f"  rep {rep + 1} c={c} {name:14s} {cell['tok_s']:6.1f} tok/s  {cell['tokens']} tokens in {cell['wall_s']:.1f}s", flush=True)
-    return cells
+    return cells, floor_ms
 
 
-def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Setup, cells: dict) -> tuple[str, dict]:
+def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Setup, cells: dict, floor_ms: list[float]) -> tuple[str, dict]:
     configs = setup.configs
     summary = {name: {c: summarize(cells[name][c]) for c in CONCURRENCY} for name in configs}
     # llama.cpp's numbers can differ with the batch shape, so report how often outputs equal the unbatched ones.
@@ -193,12 +206,16 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
     b = summary["batched"]
     scaling = b[8]["tok_s"]["median"] / b[1]["tok_s"]["median"]
     tpot_ratio = b[8]["tpot_p50_ms"]["median"] / b[1]["tpot_p50_ms"]["median"]
+    curve = setup.spec.calibration.curve if setup.spec.calibration else None
+    allowed = 8 * curve.cost(1) / curve.cost(8) if curve else None
     lines = [
         f"# bench-batching ({args.backend}, greedy, up to {args.tokens} new tokens, {args.repeats} repeats, median [min-max])",
         "",
         f"- command: `python -m bench.batching --backend {args.backend} --tokens {args.tokens} --repeats {args.repeats} --algorithms {args.algorithms}` ({started:%Y-%m-%d %H:%M} UTC)",
         *machine_lines(machine),
-        f"- drafters loaded: {', '.join(setup.drafters)}; the speculative engine calibrated on this machine",
+        f"- drafters loaded: {', '.join(setup.drafters)}; the speculative engine calibrated on this machine"
+        + (f": cost(1) {curve.cost(1):.2f} ms, cost(8) {curve.ratio(8):.2f}x" if curve else " (calibration failed)"),
+        f"- floor (bare decode loop, fresh process, first prompt, once per repeat): {spread(floor_ms)} ms/token" if floor_ms else "- floor: llama.cpp only",
         "",
         "| c | configuration | throughput tok/s | TPOT p50 ms | TPOT p95 ms | TTFT p50 s | outputs = unbatched |",
         "|---|---|---|---|---|---|---|",
@@ -212,7 +229,10 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
             )
     lines += [
         "",
-        f"- Batched throughput c=8 / c=1: {scaling:.2f}x (target >= 4x: {'met' if scaling >= 4 else 'NOT met'}).",
+        f"- Batched throughput c=8 / c=1: {scaling:.2f}x"
+        + (f"; the curve allows 8 x cost(1) / cost(8) = {allowed:.2f}x, target >= 0.8 x that = {0.8 * allowed:.2f}x: "
+           f"{'met' if scaling >= 0.8 * allowed else 'NOT met'}." if allowed else "."),
+        f"- Batched p50 TPOT at c=1 over the floor: {b[1]['tpot_p50_ms']['median'] / median(floor_ms):.2f}x." if floor_ms else "- Floor not measured.",
         f"- Batched p50 TPOT c=8 / c=1: {tpot_ratio:.2f}x (target <= 2x: {'met' if tpot_ratio <= 2 else 'NOT met'}).",
     ]
     for n, c in cross.items():
@@ -224,7 +244,8 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
         )
     raw = {
         "started_utc": started.isoformat(), "args": vars(args), "machine": machine, "drafters_loaded": setup.drafters,
-        "summary": summary, "match_unbatched": match, "crossover": cross,
+        "summary": summary, "match_unbatched": match, "crossover": cross, "floor_ms": floor_ms,
+        "curve": curve.model_dump() if curve else None,
         "batched_scaling_c8_over_c1": scaling, "batched_tpot_p50_c8_over_c1": tpot_ratio,
         "cells": {n: {c: [{k: v for k, v in cell.items() if k != "outputs"} for cell in cs] for c, cs in by_c.items()} for n, by_c in cells.items()},
     }
@@ -245,10 +266,14 @@ def main() -> None:
     setup = build(args)
     started = datetime.now(timezone.utc)
     print(f"[bench-batching] {started:%Y-%m-%d %H:%M} UTC, {args.backend}, drafters loaded: {setup.drafters}, measuring: {list(setup.configs)}", flush=True)
-    cells = measure(setup, prompts, args, tok.eos_id)
-    for runner in setup.runners:
-        runner.shutdown()
-    md, raw = report(args, started, machine, setup, cells)
+    try:
+        cells, floor_ms = measure(setup, prompts, args, tok.eos_id)
+    finally:
+        for runner in setup.runners:
+            runner.shutdown()
+        if setup.floor is not None:
+            setup.floor.close()
+    md, raw = report(args, started, machine, setup, cells, floor_ms)
     print("\n" + md)
     write_results("bench-batching", md, raw)
 

@@ -10,6 +10,8 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
   Every llama.cpp decode of this process runs on its main thread: a second thread's OpenMP pool
   (the batch runner's) made every decode 2x slower (each engine process of the server decodes on
   one thread).
+- floor: a bare loop of plain one-token decodes, which the calibration measures beside the curve
+  in this process (printed with the calibration, below the curves).
 - each algorithm: the speculative engine as served, calibrated on this machine (speculative/
   calibration.py), so each step drafts the budget that pays, down to nothing.
 - gated: what the gate decides for a single request with the shipped policy and this calibration

@@ -74,7 +74,8 @@ class Calibration(BaseModel):
         lines = [
             f"calibration on {self.machine.line()}; {self.backend} {self.dtype}, {self.threads} threads",
             f"  verify cost (tokens:ms): {self.curve.table()}" + ("" if self.curve.measured else " (injected)")
-            + ("" if self.refined_at is None else f" (refined from served decodes, {self.refined_at})"),
+            + ("" if self.refined_at is None else f" (refined from served decodes, {self.refined_at})")
+            + ("" if self.curve.floor_ms is None else f"; floor (bare one-token decode loop) {self.curve.floor_ms:.2f} ms"),
         ]
         for name, a in self.algorithms.items():
             spec = ALGORITHMS[name]
