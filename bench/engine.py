@@ -12,8 +12,8 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
   one thread).
 - floor: a bare loop of plain one-token decodes, which the calibration measures beside the curve
   in this process (printed with the calibration, below the curves).
-- each algorithm: the speculative engine as served, calibrated on this machine (speculative/
-  calibration.py), so each step drafts the budget that pays, down to nothing.
+- each algorithm: the speculative engine as served, calibrated on this machine (cost_model/
+  measure.py), so each step drafts the budget that pays, down to nothing.
 - gated: what the gate decides for a single request with the shipped policy and this calibration
   (route and algorithm), run on the engine it picks, its stats fed back to the gate as spec_gate
   does (so the tenant's breaker opens where the route buys nothing, and probes).

@@ -1,4 +1,4 @@
-"""decoding/cost_curve.measure: what a draft step is charged, on a target with scripted timings."""
+"""cost_model/measure.measure: what a draft step is charged, on a target with scripted timings."""
 
 from __future__ import annotations
 

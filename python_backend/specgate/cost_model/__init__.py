@@ -9,7 +9,7 @@
   paying; and (`route.py`) what the gate takes from a calibration: `auto`'s algorithm, `no_gain`, the
   breaker's thresholds.
 
-"Why did the gate send this request to baseline" is answered here and in gate/router.py.
+"Why did the gate send this request to baseline" is answered here and in gate/decision.py and gate/router.py.
 Layering: this package uses decoding (targets, trees, sampling, engine config) and nothing above it;
 speculative/ and gate/ use it (tests/unit/test_layout.py).
 """

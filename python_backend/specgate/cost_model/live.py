@@ -14,7 +14,7 @@ controller reads this curve instead:
   decoding, never towards paying for drafts;
 - a draft step is charged what it makes the next plain step cost above a plain step's: llama.cpp
   reuses its compute graph only while the batch shape stays the same, and re-plans it after a
-  draft (docs/engines.md gives what that costs). `decoding/cost_curve.measure` counts the same way.
+  draft (docs/engines.md gives what that costs). `cost_model/measure.measure` counts the same way.
 
 An injected curve (a test's, or an operator's override: `CostCurve.measured` False) is pinned.
 """
