@@ -8,10 +8,13 @@ At temperature 0 a request's output must not depend on the route, the draft budg
 Token-identical: no tolerance, no near-tie excuse (exact mode makes a token's logits bit-identical
 whatever its decode holds; test_llamacpp_exact.py checks that directly).
 
-50 prompts x 64 tokens. Because the logits are bit-identical, a difference here can only come
-from the engine's logic (a rejected cell kept in the KV cache, a tree redo that skips a token, a slot
-that sees another's state), never from a near-tie; each test asserts that its drafts were both
-accepted and rejected, so that the rollback paths ran.
+How many prompts: SPECGATE_GREEDY_PROMPTS (16 by default, 50 in CI: `.ci/run`), x 64 tokens.
+Because the logits are bit-identical, a difference here can only come from the engine's logic (a
+rejected cell kept in the KV cache, a tree redo that skips a token, a slot that sees another's
+state), never from a near-tie, and such a fault corrupts every later step of a request: 16 prompts
+put hundreds of verifications with rejections through every algorithm and budget (each test asserts
+that drafts were both accepted and rejected). CI proves the full bar, 50 x 64, on every change that
+lands (about 20 minutes of its suite on a 2-core machine, against 7 for 16).
 
 Sampling: rejection sampling over llama.cpp's verification rows keeps the target's distribution
 (chi-square on three-token outcomes, a sampled chain and a tree).
@@ -20,6 +23,7 @@ Sampling: rejection sampling over llama.cpp's verification rows keeps the target
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 from pathlib import Path
@@ -40,7 +44,7 @@ from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import DRAFT_GGUF, HEAD
 from tests.unit.stat_helpers import passes_chi2
 
-NUM_PROMPTS, NEW_TOKENS = 50, 64
+NUM_PROMPTS, NEW_TOKENS = int(os.environ.get("SPECGATE_GREEDY_PROMPTS", 16)), 64
 MAX_LEN = 448
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "speculative_prompts.json"
 pytestmark = pytest.mark.timeout(3600)
