@@ -95,12 +95,16 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
         truths.append(measure(target, slot=0, sizes=sizes, reps=3))
     truth = CostCurve(tokens=list(sizes), ms=[statistics.median(c.ms[i] for c in truths) for i in range(len(sizes))])
     assert gen.curve is not None
-    often = [t for t in sizes[1:] if gen.curve._count.get(t, 0) >= 3]
-    assert often, "nothing was drafted"
+    # A size verified only a few times is judged by a median of a few decodes, and on a loaded
+    # machine two of three can be descheduled ones (3x slow): only sizes verified at least 8 times
+    # are judged, as the window's median is then robust.
+    counts = {t: gen.curve._count.get(t, 0) for t in sizes[1:]}
+    often = [t for t, n in counts.items() if n >= 8]
+    assert often, f"nothing was drafted often: verifications per size {counts}"
     for t in often:  # ratios to cost(1), each curve's own: a machine that got slower overall moves both
         gap_before = truth.ratio(t) / lie.ratio(t)
         gap_after = truth.ratio(t) / gen.curve.ratio(t)
-        assert abs(gap_after - 1) < 0.5 * abs(gap_before - 1), (t, gen.curve.snapshot().table(), truth.table())
+        assert abs(gap_after - 1) < 0.5 * abs(gap_before - 1), (t, counts, gen.curve.snapshot().table(), truth.table())
     assert drafted[-1] < drafted[0], f"draft tokens per request {drafted}"
 
 
