@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,8 +77,14 @@ def server(checkpoint: Path):
     )
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))
     os.environ[ENV_COMPUTE_LOCK] = str(COMPUTE_LOCK)  # the launcher keeps a lock path it is given
-    with running(TEST_OUT / "model_repository", ports, TEST_OUT / "tritonserver.log"):
+    log = TEST_OUT / "tritonserver.log"
+    with running(TEST_OUT / "model_repository", ports, log):
         yield ports
+    # Every request the suite sent must have ended inside Triton too: a request that the ensemble
+    # never completes (a step's error while other steps of it ran: contract.GATE_ERROR_TENSOR) is
+    # seen only here, in what tritonserver logs while it stops.
+    stuck = re.findall(r"Model '(\w+)' \(version \d+\) has (\d+) in-flight inferences", log.read_text(errors="replace"))
+    assert not stuck, f"tritonserver stopped with requests still in flight (model, count): {stuck[-1]}"
 
 
 @pytest.fixture(scope="session")

@@ -139,6 +139,7 @@ PARAM_REQUEST_KEY = "specgate_request_key"
 #   postprocessing sends back when a request reaches it cancelled) stops serving it;
 PARAM_CANCEL = "specgate_cancel"
 REQUEST_KEY_TENSOR = "request_key"
+GATE_ERROR_TENSOR = "gate_error"
 # - a live engine answers a control message with this parameter at once: the gate sends one when an
 #   engine request has been silent a while, to tell a slow engine from a dead process.
 PARAM_PING = "specgate_ping"
@@ -208,6 +209,12 @@ TO_POSTPROCESSING: tuple[Tensor, ...] = (
     Tensor("is_final", "TYPE_BOOL", (1,)),
     # the gate's key of the request, sent back to the gate when the request arrives cancelled
     Tensor(REQUEST_KEY_TENSOR, "TYPE_INT64", (1,), optional=True),
+    # [code, message] of an error that ends the request after responses went out, else ["", ""];
+    # postprocessing answers it as that error (triton_io.ERROR_CODES). Why: Triton 2.51's ensemble
+    # never completes a request when a step sends an error while other steps of it are in flight
+    # (core's EnsembleContext::PrepareSteps skips the step accounting once the status is an error;
+    # fixed upstream in core PR 466), and the postprocessing steps of earlier responses may be.
+    Tensor(GATE_ERROR_TENSOR, "TYPE_STRING", (2,)),
 )
 # The `llm` outputs spec_gate writes (route, reason, counts). They pass through postprocessing, so
 # that every client response is one postprocessing response: Triton's ensemble pairs its outputs by

@@ -5,7 +5,10 @@
   shadow decision was `shadow_busy` until a restart);
 - postprocessing never waits on spec_gate: a cancellation is relayed off its thread, so a gate that
   does not answer stalls no response (before: a BLS call without a timeout inside `execute`);
-- postprocessing swallows the gate's heartbeats and passes the gate's outputs on with the text.
+- postprocessing swallows the gate's heartbeats and passes the gate's outputs on with the text;
+- an error after responses went out reaches postprocessing as data in the gate's final response,
+  and postprocessing answers it as that error (Triton 2.51's ensemble never completes a request
+  whose step errs while its other steps run: contract.GATE_ERROR_TENSOR).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tests.unit import fake_pb_utils as pb
 
 pb.install()
 
-from specgate.contract import GATE_OUTPUTS, PARAM_CANCEL, PARAM_ENGINE_KEY, REQUEST_KEY_TENSOR  # noqa: E402
+from specgate.contract import GATE_ERROR_TENSOR, GATE_OUTPUTS, PARAM_CANCEL, PARAM_ENGINE_KEY, REQUEST_KEY_TENSOR  # noqa: E402
 from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Gate, RequestInputs  # noqa: E402
 from specgate.serving.cancel_relay import CancelRelay  # noqa: E402
@@ -33,6 +36,7 @@ from specgate.serving.gate_model import GateModel  # noqa: E402
 from specgate.serving.llm_request import LLMRequest  # noqa: E402
 from specgate.serving.shadow import Shadow  # noqa: E402
 from specgate.serving.text_models import PostprocessingModel  # noqa: E402
+from specgate.stats import SpecStats  # noqa: E402
 from specgate.text.tokenizer import PromptTokenizer  # noqa: E402
 
 SECRET = "s3cret"
@@ -147,3 +151,42 @@ def test_postprocessing_relays_a_cancel_without_waiting_on_a_hung_gate(checkpoin
         assert len(asked) == 1
     finally:
         hung.set()
+
+
+class GateResponseAsRequest:
+    """A response the gate sent, as the postprocessing request the ensemble makes of it."""
+
+    def __init__(self, response: Any) -> None:
+        self.inputs, self.sender = response.output_tensors, Sender()
+
+    def get_response_sender(self) -> Sender:
+        return self.sender
+
+    def is_cancelled(self) -> bool:
+        return True  # the client left; a final response is not relayed
+
+
+@pytest.mark.parametrize("code", ["cancelled", "internal", "unavailable", "invalid_arg"])
+def test_an_error_after_responses_went_out_is_data_that_postprocessing_answers(checkpoint: Path, code: str) -> None:
+    before = Sender()
+    ClientStream(before, True, "baseline", "mode_off", 5).fail(code, "nothing went out yet")
+    ((response, flags),) = before.sent
+    assert flags == FINAL and response.has_error()  # no step of it runs: an error response is safe
+
+    during = Sender()
+    out = ClientStream(during, True, "baseline", "mode_off", 6)
+    out.send([9906, 1835], SpecStats())  # a chunk went to postprocessing
+    out.fail(code, f"ended: {code}")
+    (chunk, _), (final, flags) = during.sent
+    assert flags == FINAL and not final.has_error(), "an error response from the gate here leaves the ensemble request in flight"
+    assert [v.decode() for v in pb.get_output_tensor_by_name(final, GATE_ERROR_TENSOR).as_numpy()] == [code, f"ended: {code}"]
+    assert [v for v in pb.get_output_tensor_by_name(chunk, GATE_ERROR_TENSOR).as_numpy()] == [b"", b""]
+
+    model = PostprocessingModel.__new__(PostprocessingModel)
+    model.tok = PromptTokenizer(checkpoint, 1).tok
+    model.relay = CancelRelay(EngineKey(SECRET))
+    request = GateResponseAsRequest(final)
+    _execute_in_time(model, request)
+    ((answer, flags),) = request.sender.sent
+    assert flags == FINAL and answer.has_error()
+    assert (answer.error().code(), answer.error().message()) == (getattr(pb.TritonError, code.upper()), f"ended: {code}")

@@ -95,11 +95,8 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
         truths.append(measure(target, slot=0, sizes=sizes, reps=3))
     truth = CostCurve(tokens=list(sizes), ms=[statistics.median(c.ms[i] for c in truths) for i in range(len(sizes))])
     assert gen.curve is not None
-    # A size verified only a few times is judged by a median of a few decodes, and on a loaded
-    # machine two of three can be descheduled ones (3x slow): only sizes verified at least 8 times
-    # are judged, as the window's median is then robust.
     counts = {t: gen.curve._count.get(t, 0) for t in sizes[1:]}
-    often = [t for t, n in counts.items() if n >= 8]
+    often = [t for t, n in counts.items() if n >= 3]
     assert often, f"nothing was drafted often: verifications per size {counts}"
     for t in often:  # ratios to cost(1), each curve's own: a machine that got slower overall moves both
         gap_before = truth.ratio(t) / lie.ratio(t)

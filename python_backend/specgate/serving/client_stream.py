@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specgate.contract import REQUEST_KEY_TENSOR
-from specgate.serving.triton_io import FINAL, tensor
+from specgate.contract import GATE_ERROR_TENSOR, REQUEST_KEY_TENSOR
+from specgate.serving.triton_io import FINAL, coded_error_response, tensor
 from specgate.stats import SpecStats
 
 
@@ -23,7 +23,10 @@ class ClientStream:
     Postprocessing can only see a cancellation on a response that reaches it, and a non-streamed
     request (or a streamed one whose engine is silent) sends none until its end: `heartbeat`, called
     while the gate waits on an engine, then sends an empty one (contract.TO_POSTPROCESSING), which
-    postprocessing looks at and swallows."""
+    postprocessing looks at and swallows.
+
+    An error after a response went out travels as data in a final response, which postprocessing
+    turns into the error (contract.GATE_ERROR_TENSOR says why)."""
 
     def __init__(self, sender: Any, stream: bool, route: str, reason: str, key: int) -> None:
         self.sender, self.stream = sender, stream
@@ -33,6 +36,7 @@ class ClientStream:
         self.prev = 0
         self.stats = SpecStats()
         self.last_sent = time.monotonic()
+        self.sent = False  # any response went to postprocessing
 
     def send(self, tokens: list[int], stats: SpecStats) -> None:
         self.ids += tokens
@@ -41,6 +45,7 @@ class ClientStream:
             self.sender.send(self._response(False))
             self.prev = len(self.ids)
             self.last_sent = time.monotonic()
+            self.sent = True
 
     def heartbeat(self) -> None:
         """An empty response if nothing went out for HEARTBEAT_S."""
@@ -48,15 +53,20 @@ class ClientStream:
         if now - self.last_sent >= HEARTBEAT_S:
             self.sender.send(self._response(False, heartbeat=True))
             self.last_sent = now
+            self.sent = True
 
     def finish(self) -> None:
         self.sender.send(self._response(True), flags=FINAL)
 
-    def fail(self, error: Any) -> None:
-        """Send `error` (an error response from triton_io) as the final response."""
-        self.sender.send(error, flags=FINAL)
+    def fail(self, code: str, message: str) -> None:
+        """End the request with an error (`code` one of triton_io.ERROR_CODES): as an error response
+        while nothing went out yet, else as data in the final response (class doc)."""
+        if self.sent:
+            self.sender.send(self._response(True, error=(code, message)), flags=FINAL)
+        else:
+            self.sender.send(coded_error_response(code, message), flags=FINAL)
 
-    def _response(self, final: bool, heartbeat: bool = False) -> Any:
+    def _response(self, final: bool, heartbeat: bool = False, error: tuple[str, str] = ("", "")) -> Any:
         s = self.stats
         return pb_utils.InferenceResponse(
             output_tensors=[
@@ -71,5 +81,6 @@ class ClientStream:
                 tensor("num_output_tokens", [len(self.ids)], np.int32),
                 tensor("draft_budget", [s.draft_budget], np.int32),
                 tensor(REQUEST_KEY_TENSOR, [self.key], np.int64),
+                tensor(GATE_ERROR_TENSOR, [error[0].encode(), error[1].encode()], np.object_),
             ]
         )

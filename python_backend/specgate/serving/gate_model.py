@@ -50,7 +50,7 @@ from specgate.serving.live_requests import LiveRequests
 from specgate.serving.llm_request import LLMRequest
 from specgate.serving.parent_watch import watch_parent
 from specgate.serving.shadow import Shadow
-from specgate.serving.triton_io import FINAL, cancelled_response, error_response, request_parameters, unavailable_response
+from specgate.serving.triton_io import FINAL, error_response, request_parameters, unavailable_response
 from specgate.stats import SpecStats
 
 import triton_python_backend_utils as pb_utils
@@ -145,14 +145,14 @@ class GateModel:
             out.finish()
         except Cancelled:  # no acceptance sample: a reply's first tokens are not a fair one
             self.gate.record_cancelled()
-            out.fail(cancelled_response("cancelled by the client"))
+            out.fail("cancelled", "cancelled by the client")
         except Overloaded as exc:
-            out.fail(unavailable_response(str(exc)))
+            out.fail("unavailable", str(exc))
         except (EngineFailure, InvalidInput) as exc:
-            out.fail(error_response(str(exc), invalid_arg=isinstance(exc, InvalidInput)))
+            out.fail("invalid_arg" if isinstance(exc, InvalidInput) else "internal", str(exc))
         except Exception as exc:  # never leave a client without a final response
             log.exception("gate failed")
-            out.fail(error_response(f"gate error: {exc}", invalid_arg=False))
+            out.fail("internal", f"gate error: {exc}")
         finally:
             self.live.discard(str(key))
             self.gate.admission.leave(ticket)

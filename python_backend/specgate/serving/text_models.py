@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from specgate.contract import GATE_OUTPUTS, REQUEST_KEY_TENSOR
+from specgate.contract import GATE_ERROR_TENSOR, GATE_OUTPUTS, REQUEST_KEY_TENSOR
 from specgate.serving.cancel_relay import CancelRelay
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.parent_watch import watch_parent
-from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, tensor
+from specgate.serving.triton_io import FINAL, coded_error_response, error_response, optional_array, optional_scalar, tensor
 from specgate.text.detokenizer import delta_text
 from specgate.errors import InvalidInput
 from specgate.text.tokenizer import PromptTokenizer
@@ -85,7 +85,8 @@ class PostprocessingModel:
         return None
 
     def _one(self, r: Any) -> Any | None:
-        """The client's response to one gate response; None for a heartbeat."""
+        """The client's response to one gate response; None for a heartbeat; the gate's error if
+        the gate ended the request with one (contract.GATE_ERROR_TENSOR)."""
         ids = [int(i) for i in optional_array(r, "output_ids").reshape(-1)]
         prev = int(optional_scalar(r, "prev_output_length"))
         final = bool(optional_scalar(r, "is_final"))
@@ -94,6 +95,10 @@ class PostprocessingModel:
             self.relay.cancel(int(key))
         if not final and len(ids) == prev:  # a heartbeat: nothing for the client
             return None
+        error = optional_array(r, GATE_ERROR_TENSOR)
+        if final and error is not None and error.reshape(-1)[0]:
+            code, message = (e.decode() if isinstance(e, bytes) else str(e) for e in error.reshape(-1))
+            return coded_error_response(code, message)
         text = delta_text(self.tok, ids, prev, final)
         passed = [pb_utils.Tensor(t.name, optional_array(r, t.name)) for t in GATE_OUTPUTS]
         return pb_utils.InferenceResponse(output_tensors=[tensor("text_output", [text.encode()], np.object_), *passed])

@@ -30,14 +30,21 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
+# The error codes the gate hands postprocessing by name (contract.GATE_ERROR_TENSOR): pb_utils'
+# TritonError names, lower-cased (read when used: the stub defines TritonError after this import).
+ERROR_CODES = ("invalid_arg", "internal", "unavailable", "cancelled")
+
+
+def coded_error_response(code: str, message: str) -> Any:
+    """The error response for one of ERROR_CODES."""
+    if code not in ERROR_CODES:
+        raise ValueError(f"unknown error code {code!r}")
+    return _error(message, getattr(pb_utils.TritonError, code.upper()))
+
+
 def error_response(message: str, invalid_arg: bool = True) -> Any:
     """INVALID_ARG: the client's mistake (HTTP 400); else INTERNAL, ours (HTTP 500)."""
     return _error(message, pb_utils.TritonError.INVALID_ARG if invalid_arg else pb_utils.TritonError.INTERNAL)
-
-
-def cancelled_response(message: str) -> Any:
-    """CANCELLED: the client cancelled the request (a cancelled client reads no more responses)."""
-    return _error(message, pb_utils.TritonError.CANCELLED)
 
 
 def unavailable_response(message: str) -> Any:
