@@ -156,10 +156,11 @@ def build(args: argparse.Namespace) -> Setup:
         "max_batch_size": 1, "draft_model": draft if draft.exists() else None,
         "eagle_head_dir": HEAD if (HEAD / "eagle_head.safetensors").exists() else None,
     })
-    target = load_target(spec_cfg, model, num_slots=1, tree_nodes=max(a.max_k for a in ALGORITHMS.values()))
+    # every target in the mode the server runs (cfg.exact), as engine_model loads them
+    target = load_target(spec_cfg, model, num_slots=1, tree_nodes=max(a.max_k for a in ALGORITHMS.values()), exact=base.exact)
     spec = SpeculativeRunner(target, build_drafters(target, spec_cfg), spec_cfg)
-    batched = BatchRunner(load_target(base, model, num_slots=8), base.model_copy(update={"max_batch_size": 8}))
-    unbatched = BatchRunner(load_target(base, model, num_slots=1), base.model_copy(update={"max_batch_size": 1}))
+    batched = BatchRunner(load_target(base, model, num_slots=8, exact=base.exact), base.model_copy(update={"max_batch_size": 8}))
+    unbatched = BatchRunner(load_target(base, model, num_slots=1, exact=base.exact), base.model_copy(update={"max_batch_size": 1}))
     configs: dict[str, Submit] = {"batched": batched.submit, "unbatched": unbatched.submit}
     for alg in args.algorithms.split(","):
         configs[f"spec-{alg}"] = lambda r, emit, alg=alg: spec.submit(r, emit, algorithm=alg)

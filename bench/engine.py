@@ -289,7 +289,8 @@ def main() -> None:
     )
     tok = PromptTokenizer(CKPT, MAX_LEN - args.tokens - 80)  # room for the output and a draft tree
     prompts = load_prompts(limit_per_category=args.per_category)
-    target = load_target(cfg, model, num_slots=1, tree_nodes=max(ALGORITHMS[a].max_k for a in algorithms))
+    # both targets in the mode the server runs (cfg.exact), as engine_model loads them
+    target = load_target(cfg, model, num_slots=1, tree_nodes=max(ALGORITHMS[a].max_k for a in algorithms), exact=cfg.exact)
     drafters = {k: v for k, v in build_drafters(target, cfg).items() if k in algorithms}
     cal = calibrate(target, drafters)
     gen = SpeculativeGenerator(target, drafters, cal.curve)
@@ -298,7 +299,7 @@ def main() -> None:
     curves = {f"{args.backend} (served)": cal.curve, **other_curve(args)}
     peer = Peer(GGUF, MAX_LEN, cfg.threads) if args.backend == "llamacpp" else None
     routes = Routes(
-        baseline=load_target(cfg, model, num_slots=1), gen=gen, gate=Gate(POLICY, calibration=cal), peer=peer,
+        baseline=load_target(cfg, model, num_slots=1, exact=cfg.exact), gen=gen, gate=Gate(POLICY, calibration=cal), peer=peer,
         ids=[tok.encode_prompt(p.text) for p in prompts], tokens=args.tokens,
         names=["baseline", *drafters, "gated"] + (["peer"] if peer else []),
     )
