@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 Mode = Literal["peer", "floor", "engine"]
@@ -86,6 +86,20 @@ def _timed(start: float, times: list[float], out: list[int]) -> PeerRun:
     return PeerRun(out, times[0] - start, tpot)
 
 
+def _take(start: float, tokens: Iterator[int], max_tokens: int, eos: int | None) -> PeerRun:
+    """Take tokens until EOS or max_tokens, timing each as it arrives (EOS's arrival included)."""
+    times: list[float] = []
+    out: list[int] = []
+    for tok in tokens:
+        times.append(time.perf_counter())
+        if tok == eos:
+            break
+        out.append(tok)
+        if len(out) >= max_tokens:
+            break
+    return _timed(start, times, out)
+
+
 def _peer(setup: dict):  # noqa: ANN202
     import llama_cpp
 
@@ -97,16 +111,9 @@ def _peer(setup: dict):  # noqa: ANN202
         llm.reset()
         llm._ctx.kv_cache_clear()  # no prefix reuse across requests
         llm.set_seed(seed)
-        start, times, out = time.perf_counter(), [], []
+        start = time.perf_counter()
         # temperature only (top-k / top-p / min-p off), like the engines' default sampling
-        for tok in llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=False):
-            times.append(time.perf_counter())
-            if tok == eos:
-                break
-            out.append(tok)
-            if len(out) >= max_tokens:
-                break
-        return _timed(start, times, out)
+        return _take(start, llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=False), max_tokens, eos)
 
     return decode
 
@@ -122,18 +129,16 @@ def _floor(setup: dict):  # noqa: ANN202
         if temperature > 0:
             raise ValueError("the floor decodes greedily")
         target.release(0)
-        start, times, out = time.perf_counter(), [], []
-        logits, _ = target.prefill(0, ids, features=False)
-        tok = int(np.argmax(logits.numpy()))
-        while True:
-            times.append(time.perf_counter())
-            if tok == eos:
-                break
-            out.append(tok)
-            if len(out) >= max_tokens:
-                break
-            tok = int(np.argmax(target.forward([(0, [tok])])[0].numpy()))
-        return _timed(start, times, out)
+        start = time.perf_counter()
+
+        def tokens() -> Iterator[int]:  # lazily: no decode past the last token taken
+            logits, _ = target.prefill(0, ids, features=False)
+            tok = int(np.argmax(logits.numpy()))
+            while True:
+                yield tok
+                tok = int(np.argmax(target.forward([(0, [tok])])[0].numpy()))
+
+        return _take(start, tokens(), max_tokens, eos)
 
     return decode
 
