@@ -39,21 +39,18 @@ def coded_error_response(code: str, message: str) -> Any:
     """The error response for one of ERROR_CODES."""
     if code not in ERROR_CODES:
         raise ValueError(f"unknown error code {code!r}")
-    return _error(message, getattr(pb_utils.TritonError, code.upper()))
+    error = pb_utils.TritonError(message, getattr(pb_utils.TritonError, code.upper()))
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 def error_response(message: str, invalid_arg: bool = True) -> Any:
     """INVALID_ARG: the client's mistake (HTTP 400); else INTERNAL, ours (HTTP 500)."""
-    return _error(message, pb_utils.TritonError.INVALID_ARG if invalid_arg else pb_utils.TritonError.INTERNAL)
+    return coded_error_response("invalid_arg" if invalid_arg else "internal", message)
 
 
 def unavailable_response(message: str) -> Any:
     """UNAVAILABLE: try again later (HTTP 503)."""
-    return _error(message, pb_utils.TritonError.UNAVAILABLE)
-
-
-def _error(message: str, code: Any) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+    return coded_error_response("unavailable", message)
 
 
 def tensor(name: str, value: Any, dtype: Any) -> Any:
