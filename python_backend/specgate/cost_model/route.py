@@ -6,6 +6,8 @@ What the gate takes from it:
 - `auto`, the policy's default algorithm: the one expected fastest at the tenant's acceptance;
 - `can_pay`: whether drafting with an algorithm can beat plain decoding on this machine at all
   (else routing to the one-at-a-time speculative engine buys nothing: reason `no_gain`);
+- `pays_at_prior`: whether it is expected to pay for a tenant with no evidence yet (else the
+  tenant's breaker starts half-open and probes: gate/breaker.py);
 - the breaker's thresholds when the policy says `auto`: below the acceptance at which drafting
   stops paying, the tenant's circuit opens.
 
@@ -76,6 +78,11 @@ def best_algorithm(cal: Calibration, rate: float | None) -> str:
 
 def can_pay(cal: Calibration, algorithm: str) -> bool:
     return cal.algorithms[algorithm].break_even_alpha is not None
+
+
+def pays_at_prior(cal: Calibration, algorithm: str, min_gain: float) -> bool:
+    """Drafting at the algorithm's prior acceptance is expected to buy at least `min_gain`."""
+    return cal.speedup(algorithm, ALGORITHMS[algorithm].prior_acceptance) >= min_gain
 
 
 def breaker_thresholds(cal: Calibration, algorithm: str) -> tuple[float, float]:

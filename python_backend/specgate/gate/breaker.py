@@ -23,6 +23,13 @@ States (each tenant has its own; tenants never affect one another):
                             gain >= min_gain (each where measured)
     half_open -> open       after probe_samples probe results otherwise, or on any engine failure
 
+A tenant can also start half-open: where spec_engine's cost curve expects drafting not to pay at the
+algorithm's prior acceptance (the gate asks `admit(..., unproven=True)` for its first request), the
+route is not taken on faith until the tenant's own probes show it pays. Its requests that are not
+probes are refused as UNPROVEN (reason `no_gain`) until the first probe verdict, except those not
+judged by the prior (a request that asked for the route itself), whose results count as probes; after
+the verdict it is an ordinary breaker.
+
 Entering half_open restarts both EMAs, so recovery is judged on the probes alone, not on the samples
 that opened the circuit. In half_open a bounded fraction (probe_fraction) of the tenant's requests
 is admitted as probes: the 1st, then one more each time admitted/seen falls to the fraction.
@@ -50,6 +57,7 @@ class Admission(str, Enum):
     ALLOW = "allow"  # closed: speculate
     PROBE = "probe"  # half-open: speculate as a probe
     DENY = "deny"  # open, or half-open and not chosen as a probe
+    UNPROVEN = "unproven"  # started half-open on the cost curve's say-so, no probe verdict yet; not a probe
 
 
 Transition = Callable[[str, BreakerState, BreakerState], None]
@@ -67,6 +75,7 @@ class _Tenant:
     seen: int = 0  # requests seen in the current half-open period
     probes: int = 0  # of which admitted as probes
     probe_results: int = 0
+    unproven: bool = False  # half-open since first seen, no probe verdict yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +95,17 @@ class CircuitBreakers:
         self._tenants: dict[str, _Tenant] = {}
         self._lock = threading.Lock()
 
-    def admit(self, tenant: str, cfg: BreakerPolicy) -> Admission:
+    def admit(self, tenant: str, cfg: BreakerPolicy, unproven: bool = False) -> Admission:
+        """`unproven`: this request is judged by the prior, which expects the route not to pay. A tenant
+        seen for the first time then starts half-open (its probes measure it) instead of closed. A
+        request not judged by the prior (it asked for the route itself) is not held back by it."""
         with self._lock:
             t = self._tenants.get(tenant)
-            if t is None or t.state is BreakerState.CLOSED:
+            if t is None and unproven:
+                t = self._tenants[tenant] = _Tenant()
+                self._move(tenant, t, BreakerState.HALF_OPEN)
+                t.unproven = True
+            if t is None or t.state is BreakerState.CLOSED or (t.unproven and not unproven):
                 return Admission.ALLOW
             if t.state is BreakerState.OPEN:
                 if self._now() - t.opened_at < cfg.cooldown_s:
@@ -100,7 +116,7 @@ class CircuitBreakers:
             if t.probes <= cfg.probe_fraction * (t.seen - 1) + 1e-9:
                 t.probes += 1
                 return Admission.PROBE
-            return Admission.DENY
+            return Admission.UNPROVEN if t.unproven else Admission.DENY
 
     def record_acceptance(
         self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy, gain: float | None = None
@@ -149,7 +165,7 @@ class CircuitBreakers:
             return BreakerSnapshot(t.state, t.ema, t.samples, t.gain)
 
     def _move(self, tenant: str, t: _Tenant, new: BreakerState) -> None:
-        old, t.state = t.state, new
+        old, t.state, t.unproven = t.state, new, False
         if new is BreakerState.OPEN:
             t.opened_at = self._now()
         elif new is BreakerState.HALF_OPEN:

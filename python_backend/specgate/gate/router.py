@@ -15,12 +15,20 @@ Then the rules, in this order; the first that applies names the reason:
     prod from policy, hash(request) > canary   -> baseline     canary_out
     in flight >= load.max_in_flight            -> baseline     load
     prod from policy, drafting cannot pay here -> baseline     no_gain      (spec_engine's calibration)
+    prod from policy, a tenant with no evidence
+      where the curve expects no gain at the
+      prior acceptance, not a probe            -> baseline     no_gain      (its breaker starts half-open)
     breaker open (or half-open, not a probe)   -> baseline     circuit_open
     shadow, a mirror slot is free              -> baseline     shadow       (shadow=True: mirror it)
     shadow, all mirror slots busy              -> baseline     shadow_busy  (dropped, not queued)
     prod, breaker half-open, chosen as a probe -> speculative  half_open_probe
     prod, canary_percent < 100 and inside it   -> speculative  canary_in
     prod                                       -> speculative  prod
+
+A tenant with no evidence of its own is judged by the prior: where the calibration expects drafting
+at the algorithm's prior acceptance to buy less than `breaker.min_gain`, the tenant's breaker starts
+half-open, so a fraction of its requests probe (half_open_probe) and the rest go to the baseline
+(no_gain) until the probes' verdict; the breaker takes it from there.
 
 The canary and `no_gain` apply only when `prod` comes from policy (tenant or org): a request that
 asks for `prod` itself has opted in (spec_engine then still drafts only what pays, down to nothing).
@@ -47,7 +55,7 @@ from typing import Any, Callable
 
 from specgate.algorithms import ALGORITHMS
 from specgate.cost_model.calibration import Calibration
-from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_pay
+from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_pay, pays_at_prior
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.decision import (
@@ -210,9 +218,14 @@ class Gate:
         limit = policy.load.max_in_flight
         if limit is not None and in_flight >= limit:
             return BASELINE, LOAD, False, False
-        if mode is Mode.PROD and not from_request and cal is not None and not can_pay(cal, algorithm):
+        judged = mode is Mode.PROD and not from_request and cal is not None
+        if judged and not can_pay(cal, algorithm):
             return BASELINE, NO_GAIN, False, False
-        admission = self._breakers.admit(tenant_key, self._breaker_policy(policy, algorithm))
+        breaker = self._breaker_policy(policy, algorithm)
+        unproven = judged and not pays_at_prior(cal, algorithm, breaker.min_gain)
+        admission = self._breakers.admit(tenant_key, breaker, unproven)
+        if admission is Admission.UNPROVEN:
+            return BASELINE, NO_GAIN, False, False
         if admission is Admission.DENY:
             return BASELINE, CIRCUIT_OPEN, False, False
         probe = admission is Admission.PROBE
