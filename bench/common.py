@@ -24,6 +24,16 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def batching_check(scaling: float, curve) -> str:  # noqa: ANN001 (a CostCurve, or None if calibration failed)
+    """Issue 24's bar for the batched baseline: throughput at c=8 over c=1's >= 0.8 x what the
+    calibrated curve allows, 8 cost(1) / cost(8) (8 sequences cost one decode of 8 tokens)."""
+    if curve is None:
+        return f"c=8 / c=1 throughput {scaling:.2f}x (no calibration: no target)."
+    allowed = 8 * curve.cost(1) / curve.cost(8)
+    return (f"c=8 / c=1 throughput {scaling:.2f}x; the curve allows 8 x cost(1) / cost(8) = {allowed:.2f}x, target >= 0.8 x that = "
+            f"{0.8 * allowed:.2f}x: {'met' if scaling >= 0.8 * allowed else 'NOT met'}.")
+
+
 def write_results(name: str, markdown: str, raw: dict) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(markdown)

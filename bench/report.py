@@ -45,11 +45,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, machine_lines, machine_record, median, spread  # noqa: E402
+from bench.common import ROOT, RESULTS, batching_check, machine_lines, machine_record, median, spread  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
 from specgate_client import HttpClient  # noqa: E402
+from specgate.cost_model.calibration import Calibration  # noqa: E402
 from specgate.gate.tenants import hash_key  # noqa: E402
 from specgate_launcher import Ports, running, server_env  # noqa: E402
 
@@ -277,11 +278,21 @@ def checks(cells: list[Cell], levels: list[int]) -> list[str]:
                    f"speculative {s.throughput:.1f}; gated served {g.speculative_share:.0%} speculative")
     out += ["", f"**Gated never worse than baseline (TPOT and throughput within {TOLERANCE:.0%}): "
             f"{'yes' if not worse else 'NO at c=' + ', '.join(map(str, worse))}** (medians of one cell each; the machine's noise is of that order)."]
+    if {1, 8} <= set(levels):
+        b1, b8 = get[("baseline", 1)], get[("baseline", 8)]
+        out.append(f"**The baseline through Triton, {batching_check(b8.throughput / b1.throughput, calibrated_curve())}** "
+                   "(one cell each; the curve is spec_engine's calibration of this server.)")
     if 1 in levels:
         g, s = median(get[("gated", 1)].tpot_ms()), median(get[("speculative", 1)].tpot_ms())
         out.append(f"**Single stream (c=1, T=0): gated TPOT {g:.1f} ms vs speculative {s:.1f} ms ({pct(g, s)}): "
                    f"{'at most' if g <= s * 1.05 else 'NOT at most'} 5% slower.**")
     return out
+
+
+def calibrated_curve():  # noqa: ANN201 (CostCurve | None)
+    """The cost curve spec_engine of the report's server published (None if it failed to)."""
+    path = WORK / "engines" / "cpu" / "calibration.json"
+    return Calibration.load(path).curve if path.exists() else None
 
 
 def why_defaults(meta: dict[str, Any]) -> list[str]:

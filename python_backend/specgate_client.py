@@ -121,6 +121,11 @@ class HttpClient:
         self.model, self.timeout_s = model, timeout_s
         self.session = requests.Session()
 
+    def close(self) -> None:
+        """Close the pooled keep-alive connections: a stopping tritonserver waits for open HTTP
+        connections (up to its exit timeout) before it drains and unloads its models."""
+        self.session.close()
+
     def _body(self, prompt: str, p: GenerateParams, stream: bool, api_key: str | None, spec_mode: str | None) -> dict:
         return {"text_input": prompt, "stream": stream, **p.fields(), **gate_headers(api_key, spec_mode)}
 

@@ -91,7 +91,9 @@ def server(checkpoint: Path):
 def http(server):
     from specgate_client import HttpClient
 
-    return HttpClient(f"localhost:{server.http}")
+    client = HttpClient(f"localhost:{server.http}")
+    yield client
+    client.close()  # else the server's stop waits its whole exit timeout for these connections
 
 
 @pytest.fixture(scope="session")

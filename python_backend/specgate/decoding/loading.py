@@ -17,6 +17,11 @@ def load_target(cfg: EngineConfig, model: Path, num_slots: int, tree_nodes: int 
     if cfg.backend == "llamacpp":
         from specgate.decoding.llamacpp_target import LlamaCppTarget
 
+        # llama.cpp's own thread pool owns the cores. A second OpenMP team (torch's: sampling, the
+        # EAGLE head) made every llama.cpp decode after it slower: sampled decoding ran 11.5 ms a
+        # token against 7.0 greedy in one process with torch at 2 threads, 8.3 against 8.0 at 1
+        # (docs/engines.md, "Threads"). Servers set OMP_NUM_THREADS=1 already; this holds everywhere.
+        torch.set_num_threads(1)
         return LlamaCppTarget(model, cfg.max_context, num_slots, cfg.threads, tree_nodes, exact=exact)
     from specgate.decoding.torch_target import TorchTarget
 
