@@ -50,6 +50,17 @@ def require_checkpoint() -> Path:
     return CHECKPOINT
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads() -> None:
+    """Each module starts with torch's own thread count: loading a llama.cpp target sets one for the
+    whole process (decoding/loading.py), which would slow the PyTorch-only modules after it."""
+    import torch
+
+    from specgate.decoding.loading import TORCH_THREADS
+
+    torch.set_num_threads(TORCH_THREADS)
+
+
 @pytest.fixture(scope="session")
 def checkpoint() -> Path:
     return require_checkpoint()

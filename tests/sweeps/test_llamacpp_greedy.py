@@ -8,10 +8,10 @@ At temperature 0 a request's output must not depend on the route, the draft budg
 Token-identical: no tolerance, no near-tie excuse (exact mode makes a token's logits bit-identical
 whatever its decode holds; test_llamacpp_exact.py checks that directly).
 
-How many prompts: SPECGATE_GREEDY_PROMPTS (16 by default, 50 in CI: `.ci/run`), x 64 tokens.
+How many prompts: SPECGATE_GREEDY_PROMPTS (8 by default, 50 in CI: `.ci/run`), x 64 tokens.
 Because the logits are bit-identical, a difference here can only come from the engine's logic (a
 rejected cell kept in the KV cache, a tree redo that skips a token, a slot that sees another's
-state), never from a near-tie, and such a fault corrupts every later step of a request: 16 prompts
+state), never from a near-tie, and such a fault corrupts every later step of a request: 8 prompts
 put hundreds of verifications with rejections through every algorithm and budget (each test asserts
 that drafts were both accepted and rejected). CI proves the full bar, 50 x 64, on every change that
 lands (about 20 minutes of its suite on a 2-core machine, against 7 for 16).
@@ -44,7 +44,7 @@ from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import DRAFT_GGUF, HEAD
 from tests.unit.stat_helpers import passes_chi2
 
-NUM_PROMPTS, NEW_TOKENS = int(os.environ.get("SPECGATE_GREEDY_PROMPTS", 16)), 64
+NUM_PROMPTS, NEW_TOKENS = int(os.environ.get("SPECGATE_GREEDY_PROMPTS", 8)), 64
 MAX_LEN = 448
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "speculative_prompts.json"
 pytestmark = pytest.mark.timeout(3600)

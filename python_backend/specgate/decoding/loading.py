@@ -9,6 +9,9 @@ import torch
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.target import Target
 
+# torch's own setting (OMP_NUM_THREADS, else one per core), read before a llama.cpp target sets one
+TORCH_THREADS = torch.get_num_threads()
+
 
 def load_target(cfg: EngineConfig, model: Path, num_slots: int, tree_nodes: int = 0, exact: bool = False) -> Target:
     """`model` on cfg's backend with `num_slots` sequences; `tree_nodes` > 0 lets it verify draft trees.
@@ -25,6 +28,5 @@ def load_target(cfg: EngineConfig, model: Path, num_slots: int, tree_nodes: int 
         return LlamaCppTarget(model, cfg.max_context, num_slots, cfg.threads, tree_nodes, exact=exact)
     from specgate.decoding.torch_target import TorchTarget
 
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
+    torch.set_num_threads(cfg.num_threads or TORCH_THREADS)
     return TorchTarget.load(model, cfg.torch_dtype, cfg.max_context, num_slots)
