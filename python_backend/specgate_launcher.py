@@ -230,10 +230,11 @@ def _ready(proc: subprocess.Popen, wait: Callable[[], None], log_file: Path) -> 
 
 
 @contextmanager
-def running(repo: Path, ports: Ports, log_file: Path) -> Iterator[subprocess.Popen]:
-    """A ready tritonserver on `ports` (benchmarks, test fixtures), stopped with its stubs on exit."""
+def running(repo: Path, ports: Ports, log_file: Path, extra: list[str] | None = None) -> Iterator[subprocess.Popen]:
+    """A ready tritonserver on `ports` (benchmarks, test fixtures), stopped with its stubs on exit;
+    `extra`: more tritonserver arguments."""
     print(f"[launcher] starting tritonserver on :{ports.http} (log {log_file}) ...", flush=True)
-    proc = start(repo, ports, log_file=log_file)
+    proc = start(repo, ports, log_file=log_file, extra=extra)
     with _ready(proc, lambda: wait_ready(proc, ports), log_file):
         yield proc
 

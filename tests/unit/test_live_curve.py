@@ -75,10 +75,19 @@ def test_an_injected_curve_is_pinned() -> None:
 
 def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> None:
     """A calibration that says verification is free (every size costs the one-token time) against
-    what llama.cpp's decodes take: the engine drafts, learns what its drafts cost, and drafts less.
-    At every size it verified often, the curve it learned closes most of the distance from the lie
-    to the truth. The truth is measured between the requests, so that it sees the machine the
-    served decodes saw (its speed drifts, and other work may come and go): no absolute timing."""
+    what llama.cpp's decodes take: the engine drafts, learns what its drafts cost, and then drafts less.
+    The truth is measured between the requests, in rounds, so that it sees the machine the served
+    decodes saw (its speed drifts, other work comes and goes): no absolute timing. At every size it
+    verified often, the ratio it learned must go at least half the way from the lie to the truth's
+    least steep round, and stay within three times its steepest.
+
+    Why rounds and not one truth: under background load (`stress --cpu 1`) a decode is sometimes
+    descheduled mid-way. That only adds time, so it flattens a ratio (a learned cost(1) of 23 ms
+    against 16 in a quiet round: 1.26x learned where a quiet round saw 1.73x and a loaded one 1.2x)
+    or, when it hits the bigger decode, steepens it (a median of five served decodes at 3.9x where
+    the rounds saw 1.3-2x). The served decodes and the rounds saw the same machine; the band is what
+    the rounds saw. A learner that does not learn stays at the lie (1.0x, below any round of a
+    machine whose verification is not free: checked first) and keeps drafting as much."""
     target = LlamaCppTarget(gguf, max_context=1024, num_slots=1, threads=2, tree_nodes=16)
     sizes = (1, 2, 3, 4, 5, 6)
     truths = [measure(target, slot=0, sizes=sizes, reps=3)]
@@ -93,16 +102,19 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
             pass
         drafted.append(stream.stats.draft_tokens)
         truths.append(measure(target, slot=0, sizes=sizes, reps=3))
-    truth = CostCurve(tokens=list(sizes), ms=[statistics.median(c.ms[i] for c in truths) for i in range(len(sizes))])
+    truth = CostCurve(tokens=list(sizes), ms=[statistics.median(c.ms[i] for c in truths) for i in range(len(sizes))])  # for the message
     assert gen.curve is not None
     counts = {t: gen.curve._count.get(t, 0) for t in sizes[1:]}
     often = [t for t, n in counts.items() if n >= 3]
     assert often, f"nothing was drafted often: verifications per size {counts}"
     for t in often:  # ratios to cost(1), each curve's own: a machine that got slower overall moves both
-        gap_before = truth.ratio(t) / lie.ratio(t)
-        gap_after = truth.ratio(t) / gen.curve.ratio(t)
-        assert abs(gap_after - 1) < 0.5 * abs(gap_before - 1), (t, counts, gen.curve.snapshot().table(), truth.table())
-    assert drafted[-1] < drafted[0], f"draft tokens per request {drafted}"
+        learned, rounds = gen.curve.ratio(t), [c.ratio(t) for c in truths]
+        tables = (t, counts, gen.curve.snapshot().table(), truth.table(), [round(r, 2) for r in rounds])
+        assert learned - lie.ratio(t) >= 0.5 * (min(rounds) - lie.ratio(t)), tables
+        assert learned <= 3 * max(rounds), tables
+    # the first request drafted on the lie; the later ones, on what it learned, draft less on average
+    # (one of them alone can draft more: a stretch of fast decodes under load lowers the curve)
+    assert sum(drafted[1:]) / len(drafted[1:]) < drafted[0], f"draft tokens per request {drafted}"
 
 
 def test_the_modelled_speedup_is_what_the_steps_bought_on_the_curve(gguf: Path) -> None:
