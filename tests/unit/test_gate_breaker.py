@@ -164,27 +164,27 @@ def test_min_gain_one_keeps_the_acceptance_rule_alone(br: CircuitBreakers) -> No
 
 def test_an_unproven_tenant_starts_half_open_and_its_probes_decide(br: CircuitBreakers, transitions: list) -> None:
     # probe_fraction 0.25: the 1st request probes, then one more each time admitted/seen falls to 1/4
-    got = [br.admit("a", CFG, unproven=True) for _ in range(5)]
+    got = [br.admit("a", CFG, unproven=lambda: True) for _ in range(5)]
     assert got == [Admission.PROBE, Admission.UNPROVEN, Admission.UNPROVEN, Admission.UNPROVEN, Admission.PROBE]
     assert transitions == [("a", "closed", "half_open")]
     for _ in range(CFG.probe_samples):  # probes that show the route pays: an ordinary closed breaker
         br.record_acceptance("a", 9, 10, CFG, gain=1.5)
     assert br.snapshot("a").state is BreakerState.CLOSED
-    assert br.admit("a", CFG, unproven=True) is Admission.ALLOW  # evidence now, not the prior
+    assert br.admit("a", CFG, unproven=lambda: True) is Admission.ALLOW  # evidence now, not the prior
 
 
 def test_an_unproven_tenant_whose_probes_do_not_pay_opens_and_is_then_an_ordinary_breaker(br: CircuitBreakers, clock: Clock) -> None:
-    assert br.admit("a", CFG, unproven=True) is Admission.PROBE
+    assert br.admit("a", CFG, unproven=lambda: True) is Admission.PROBE
     for _ in range(CFG.probe_samples):
         br.record_acceptance("a", 9, 10, CFG, gain=1.0)  # accepted, but buys nothing (min_gain 1.03)
     assert br.snapshot("a").state is BreakerState.OPEN
-    assert br.admit("a", CFG, unproven=True) is Admission.DENY  # measured: circuit_open, not the prior's no_gain
+    assert br.admit("a", CFG, unproven=lambda: True) is Admission.DENY  # measured: circuit_open, not the prior's no_gain
     clock.t += CFG.cooldown_s
-    assert br.admit("a", CFG, unproven=True) is Admission.PROBE
-    assert br.admit("a", CFG, unproven=True) is Admission.DENY
+    assert br.admit("a", CFG, unproven=lambda: True) is Admission.PROBE
+    assert br.admit("a", CFG, unproven=lambda: True) is Admission.DENY
 
 
 def test_a_tenant_with_evidence_is_not_judged_by_the_prior(br: CircuitBreakers) -> None:
     br.record_acceptance("a", 9, 10, CFG, gain=1.5)  # e.g. a request that asked for prod itself
-    assert br.admit("a", CFG, unproven=True) is Admission.ALLOW
+    assert br.admit("a", CFG, unproven=lambda: True) is Admission.ALLOW
     assert br.admit("b", CFG) is Admission.ALLOW  # the route is expected to pay: closed from the start

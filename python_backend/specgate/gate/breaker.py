@@ -24,7 +24,7 @@ States (each tenant has its own; tenants never affect one another):
     half_open -> open       after probe_samples probe results otherwise, or on any engine failure
 
 A tenant can also start half-open: where spec_engine's cost curve expects drafting not to pay at the
-algorithm's prior acceptance (the gate asks `admit(..., unproven=True)` for its first request), the
+algorithm's prior acceptance (the gate's `admit(..., unproven)` says so for its first request), the
 route is not taken on faith until the tenant's own probes show it pays. Its requests that are not
 probes are refused as UNPROVEN (reason `no_gain`) until the first probe verdict, except those not
 judged by the prior (a request that asked for the route itself), whose results count as probes; after
@@ -95,17 +95,21 @@ class CircuitBreakers:
         self._tenants: dict[str, _Tenant] = {}
         self._lock = threading.Lock()
 
-    def admit(self, tenant: str, cfg: BreakerPolicy, unproven: bool = False) -> Admission:
-        """`unproven`: this request is judged by the prior, which expects the route not to pay. A tenant
-        seen for the first time then starts half-open (its probes measure it) instead of closed. A
-        request not judged by the prior (it asked for the route itself) is not held back by it."""
+    def admit(self, tenant: str, cfg: BreakerPolicy, unproven: Callable[[], bool] = lambda: False) -> Admission:
+        """`unproven()`: this request is judged by the prior, which expects the route not to pay. A
+        tenant seen for the first time then starts half-open (its probes measure it) instead of
+        closed. A request not judged by the prior (it asked for the route itself) is not held back by
+        it. Asked only for a tenant without a breaker yet or still unproven: it costs a curve
+        evaluation, which most requests need not pay for."""
         with self._lock:
             t = self._tenants.get(tenant)
-            if t is None and unproven:
+            if t is None:
+                if not unproven():
+                    return Admission.ALLOW
                 t = self._tenants[tenant] = _Tenant()
                 self._move(tenant, t, BreakerState.HALF_OPEN)
                 t.unproven = True
-            if t is None or t.state is BreakerState.CLOSED or (t.unproven and not unproven):
+            elif t.state is BreakerState.CLOSED or (t.unproven and not unproven()):
                 return Admission.ALLOW
             if t.state is BreakerState.OPEN:
                 if self._now() - t.opened_at < cfg.cooldown_s:

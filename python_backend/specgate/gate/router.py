@@ -222,8 +222,7 @@ class Gate:
         if judged and not can_pay(cal, algorithm):
             return BASELINE, NO_GAIN, False, False
         breaker = self._breaker_policy(policy, algorithm)
-        unproven = judged and not pays_at_prior(cal, algorithm, breaker.min_gain)
-        admission = self._breakers.admit(tenant_key, breaker, unproven)
+        admission = self._breakers.admit(tenant_key, breaker, lambda: judged and not pays_at_prior(cal, algorithm, breaker.min_gain))
         if admission is Admission.UNPROVEN:
             return BASELINE, NO_GAIN, False, False
         if admission is Admission.DENY:
