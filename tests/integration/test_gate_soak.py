@@ -17,7 +17,8 @@ Issue 26 added: clients that leave a long non-streamed gRPC request (LEAVE_EVERY
 caller without the engine key who keeps calling the engines and spec_gate's cancel directly (every
 call must be refused, naming the key); and slow engines: every SLOW_EVERY_S the test holds the
 engines' compute lock for longer than the stall timeout (slow, not dead: nothing may count as an
-engine failure).
+engine failure). Added since: a caller that streams from spec_gate directly asking for output_ids
+alone (`_partial_call`: Triton 2.51 dropped the other outputs off the GIL, which hung the stub).
 
 Fails if a request that was not cancelled raised or timed out (lost), if a response is malformed,
 if a stub process died or was replaced, if an engine still holds a request or cache cell at the
@@ -46,7 +47,7 @@ from loadtest.metrics import delta, scrape, value
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.machine import machine
 from specgate.contract import (
-    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
+    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
 )
 from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from specgate.gate import REASONS
@@ -101,6 +102,25 @@ def _keyless_call(url: str, rng: random.Random) -> str | None:
     except ServerError as exc:
         return None if PARAM_ENGINE_KEY in str(exc) else f"{model} {sorted(params)}: {exc}"[:300]
     return f"{model} {sorted(params)}: obeyed"
+
+
+def _partial_call(url: str, rng: random.Random) -> int:
+    """A direct spec_gate stream that asks for output_ids alone; returns the tokens it got. Triton
+    2.51 drops the other outputs off the GIL, which corrupted spec_gate's heap (serving/triton_io,
+    RequestedOutputsSender): such streams alone, 8 at a time, hung the stub after 32 and after 80
+    requests (two runs); with the fix 200 of 200 were served."""
+    ids = [1, 504, 1056, 30, 77, 900, 1201, 345]
+    arrays = {
+        "input_ids": np.array(ids, np.int32), "input_lengths": np.array([len(ids)], np.int32),
+        "max_tokens": np.array([rng.randint(2, MAX_TOKENS)], np.int32), "stream": np.array([True]),
+        "temperature": np.array([rng.choice([0.0, 0.8])], np.float32),
+    }  # fmt: skip
+    params = {HEADER_SPEC_MODE: rng.choice(["off", "prod"])}
+    results = [r for _, r in stream_engine(url, "spec_gate", arrays, params, ["output_ids"], timeout_s=300)]
+    names = {o.name for r in results for o in r.get_response().outputs}
+    if names != {"output_ids"}:
+        raise AssertionError(f"asked for output_ids, got {sorted(names)}")
+    return max(len(r.as_numpy("output_ids")) for r in results if r.as_numpy("output_ids") is not None)
 
 
 def _write_policy(policy: dict) -> None:
@@ -207,6 +227,23 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
                     obeyed.append(outcome)
             time.sleep(KEYLESS_EVERY_S)
 
+    def partial_caller() -> None:
+        """Direct spec_gate streams that ask for output_ids alone (see _partial_call)."""
+        rng = random.Random(11)
+        while time.monotonic() < deadline:
+            with lock:
+                counts["sent"] += 1
+            try:
+                tokens = _partial_call(url, rng)
+            except Exception as exc:
+                with lock:
+                    lost.append(f"spec_gate asked for output_ids alone: {exc!r}"[:400])
+                continue
+            with lock:
+                counts["partial"] += 1
+                counts["answered"] += 1
+                counts["delivered_tokens"] += tokens
+
     def slow_engines() -> None:
         """Hold the engines' compute lock past the stall timeout, now and then."""
         with open(COMPUTE_LOCK, "a+") as f:
@@ -238,7 +275,7 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
 
     before = scrape(server.metrics)
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(WORKERS)]
-    threads += [threading.Thread(target=f) for f in (watcher, keyless, slow_engines)]
+    threads += [threading.Thread(target=f) for f in (watcher, keyless, partial_caller, slow_engines)]
     try:
         for t in threads:
             t.start()
@@ -252,7 +289,8 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
 
     print(f"\nsoak on {machine().line()}")
     print(f"soak: {counts['sent']} requests in {elapsed:.0f} s ({WORKERS} clients): {counts['answered']} answered, "
-          f"{counts['cancelled']} cancelled by their client, {len(lost)} lost, {len(malformed)} malformed")
+          f"{counts['cancelled']} cancelled by their client, {len(lost)} lost, {len(malformed)} malformed; "
+          f"{counts['partial']} of them direct spec_gate streams asking for output_ids alone")
     print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if ":" in k))
     print(f"  gate: cancelled {delta(before, after, 'spec_gate_cancelled_total'):.0f}, engine failures "
           f"{sum(delta(before, after, 'spec_gate_engine_failures_total', engine=e) for e in ('speculative', 'baseline')):.0f}; "

@@ -47,7 +47,10 @@ class Tensor:
 
 class InferenceResponse:
     def __init__(self, output_tensors: list[Tensor], error: TritonError | None = None) -> None:
-        self.output_tensors, self._error = output_tensors, error
+        self._tensors, self._error = output_tensors, error
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._tensors
 
     def has_error(self) -> bool:
         return self._error is not None
@@ -71,7 +74,7 @@ class InferenceRequest:
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
-    return next((t for t in response.output_tensors if t.name() == name), None)
+    return next((t for t in response.output_tensors() if t.name() == name), None)
 
 
 def get_input_tensor_by_name(request: Any, name: str) -> Tensor | None:

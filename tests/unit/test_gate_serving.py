@@ -41,6 +41,7 @@ from specgate.text.tokenizer import PromptTokenizer  # noqa: E402
 
 SECRET = "s3cret"
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+POSTPROCESSING_OUTPUTS = ["text_output", *(t.name for t in GATE_OUTPUTS)]
 
 
 class Sender:
@@ -107,6 +108,9 @@ class PostRequest:
     def get_response_sender(self) -> Sender:
         return self.sender
 
+    def requested_output_names(self) -> list[str]:
+        return POSTPROCESSING_OUTPUTS  # what the `llm` ensemble asks of its step
+
     def is_cancelled(self) -> bool:
         return self._cancelled
 
@@ -143,7 +147,7 @@ def test_postprocessing_relays_a_cancel_without_waiting_on_a_hung_gate(checkpoin
         final = PostRequest(ids, 0, True, key=78, cancelled=False)
         _execute_in_time(model, final)
         ((response, flags),) = final.sender.sent
-        out = {t.name(): t.as_numpy() for t in response.output_tensors}
+        out = {t.name(): t.as_numpy() for t in response.output_tensors()}
         assert flags == FINAL and out["text_output"][0].decode() == "Hello there"
         assert set(out) == {"text_output", *(t.name for t in GATE_OUTPUTS)} and out["route"][0] == b"speculative"
         _execute_in_time(model, PostRequest([], 0, False, key=77, cancelled=True))  # the same key is not relayed twice
@@ -157,10 +161,13 @@ class GateResponseAsRequest:
     """A response the gate sent, as the postprocessing request the ensemble makes of it."""
 
     def __init__(self, response: Any) -> None:
-        self.inputs, self.sender = response.output_tensors, Sender()
+        self.inputs, self.sender = response.output_tensors(), Sender()
 
     def get_response_sender(self) -> Sender:
         return self.sender
+
+    def requested_output_names(self) -> list[str]:
+        return POSTPROCESSING_OUTPUTS
 
     def is_cancelled(self) -> bool:
         return True  # the client left; a final response is not relayed

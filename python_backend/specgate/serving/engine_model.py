@@ -35,7 +35,7 @@ from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
 from specgate.serving.parent_watch import watch_parent
 from specgate.stats import SpecStats
-from specgate.serving.triton_io import FINAL, error_response, optional_array, optional_scalar, request_parameters, tensor
+from specgate.serving.triton_io import FINAL, RequestedOutputsSender, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput
 from specgate.text.tokenizer import parse_stop_words_list
 
@@ -222,7 +222,7 @@ class EngineModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender = RequestedOutputsSender(request)
             try:
                 params = request_parameters(request)
                 self.key.check(params, self.name)  # InvalidInput for a caller that is not spec_gate

@@ -50,7 +50,7 @@ from specgate.serving.live_requests import LiveRequests
 from specgate.serving.llm_request import LLMRequest
 from specgate.serving.parent_watch import watch_parent
 from specgate.serving.shadow import Shadow
-from specgate.serving.triton_io import FINAL, error_response, request_parameters, unavailable_response
+from specgate.serving.triton_io import FINAL, RequestedOutputsSender, error_response, request_parameters, unavailable_response
 from specgate.stats import SpecStats
 
 import triton_python_backend_utils as pb_utils
@@ -90,7 +90,7 @@ class GateModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender = RequestedOutputsSender(request)
             ticket = decision = None
             try:
                 params = request_parameters(request)

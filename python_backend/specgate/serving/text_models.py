@@ -12,7 +12,7 @@ from specgate.contract import GATE_ERROR_TENSOR, GATE_OUTPUTS, REQUEST_KEY_TENSO
 from specgate.serving.cancel_relay import CancelRelay
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.parent_watch import watch_parent
-from specgate.serving.triton_io import FINAL, coded_error_response, error_response, optional_array, optional_scalar, tensor
+from specgate.serving.triton_io import FINAL, RequestedOutputsSender, coded_error_response, error_response, optional_array, optional_scalar, tensor
 from specgate.text.detokenizer import delta_text
 from specgate.errors import InvalidInput
 from specgate.text.tokenizer import PromptTokenizer
@@ -71,7 +71,7 @@ class PostprocessingModel:
 
     def execute(self, requests: list[Any]) -> None:
         for r in requests:
-            sender = r.get_response_sender()
+            sender = RequestedOutputsSender(r)
             try:
                 response = self._one(r)
             except Exception as exc:  # answer, never drop: the client waits on this response

@@ -55,3 +55,32 @@ def unavailable_response(message: str) -> Any:
 
 def tensor(name: str, value: Any, dtype: Any) -> Any:
     return pb_utils.Tensor(name, np.asarray(value, dtype=dtype))
+
+
+class RequestedOutputsSender:
+    """A request's response sender that sends only the outputs its caller asked for.
+
+    Why: Triton 2.51's Python backend removes an output the caller did not request from a decoupled
+    response in `ResponseSender::Send` after it released the GIL, so that output's numpy array is
+    freed off the GIL (fixed upstream in python_backend PR 390, Triton 24.12+). That corrupts the
+    stub's heap: direct spec_gate streams asking for `output_ids` alone hung spec_gate's stub after
+    32 requests, a stale repository whose ensemble did not map one gate output crashed it
+    (`malloc_consolidate(): unaligned fastbin chunk detected`), and the engines' answers to control
+    messages, which ask for `output_ids` alone, did the same on every answer. Dropped here, the
+    unrequested tensors are freed by Python, under the GIL.
+    """
+
+    def __init__(self, request: Any) -> None:
+        self.sender = request.get_response_sender()
+        self.wanted = frozenset(request.requested_output_names())
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        if response is not None and not response.has_error():
+            tensors = response.output_tensors()
+            kept = [t for t in tensors if t.name() in self.wanted]
+            if len(kept) < len(tensors):
+                response = pb_utils.InferenceResponse(output_tensors=kept)
+        self.sender.send(response, flags=flags)
+
+    def is_cancelled(self) -> bool:
+        return self.sender.is_cancelled()
