@@ -45,7 +45,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, batching_check, machine_lines, machine_record, median, spread  # noqa: E402
+from bench.common import ROOT, RESULTS, batching_check, machine_lines, machine_record, median, spread, wait_calibrated  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
@@ -414,6 +414,7 @@ def main() -> None:
     ports = Ports(http, grpc, mport)
     # the server's log goes with the report it produced
     with running(WORK / "model_repository", ports, OUT / "server.log"):
+        wait_calibrated(WORK / "model_repository", ports.metrics)
         url = f"localhost:{ports.http}"
         # warm-up off the measured cells (first-call allocations, batch shapes); SPEC_KEY keeps the org breaker fresh
         closed_loop(url, [replace(s, api_key=SPEC_KEY) for s in requests_for("baseline", 4, args.max_tokens)], 2)
