@@ -23,6 +23,9 @@ from specgate.gate.tenants import hash_key
 from tests.conftest import TEST_KEYS, TEST_OUT, TEST_POLICY
 
 GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)
+# The gate looks at its policy and key files when a request arrives, at most once a second
+# (gate/policy.py): the first request this long after an edit is decided on the edited files.
+RELOAD_S = 1.2
 # n-gram drafting finds its continuation in the prompt: high acceptance (0.67-0.83 measured at k=4),
 # so tests that are not about the breaker never trip it (anonymous requests share the org breaker).
 ECHO = "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river."
@@ -50,13 +53,13 @@ def live_policy(edit, keys: dict[str, str] | None = None):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(data))
         tmp.replace(path)
-    time.sleep(2.5)  # the gate checks the files at most once a second
+    time.sleep(RELOAD_S)
     try:
         yield
     finally:
         TEST_POLICY.write_text(original)
         TEST_KEYS.write_text(original_keys)
-        time.sleep(2.5)
+        time.sleep(RELOAD_S)
 
 
 def route_of(client, prompt=PROMPT, params=GREEDY, **kw) -> tuple[str, str, str]:
@@ -154,11 +157,11 @@ def test_policy_edit_takes_effect_live(http):
             time.sleep(0.5)
         # an invalid edit is rejected and the previous (prod) policy stays
         TEST_POLICY.write_text("mode: sometimes\n")
-        time.sleep(2.5)
+        time.sleep(RELOAD_S)
         assert route_of(http)[0] == "speculative"
     finally:
         TEST_POLICY.write_text(original)
-        time.sleep(2.5)
+        time.sleep(RELOAD_S)
     assert route_of(http)[0] == "baseline"
 
 

@@ -87,12 +87,11 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
     or, when it hits the bigger decode, steepens it (a median of five served decodes at 3.9x where
     the rounds saw 1.3-2x). The served decodes and the rounds saw the same machine; the band is what
     the rounds saw. A learner that does not learn stays at the lie (1.0x, below any round of a
-    machine whose verification is not free: checked first) and keeps drafting as much."""
+    machine whose verification is not free: checked on its steepest round) and keeps drafting as much."""
     target = LlamaCppTarget(gguf, max_context=1024, num_slots=1, threads=2, tree_nodes=16)
     sizes = (1, 2, 3, 4, 5, 6)
     truths = [measure(target, slot=0, sizes=sizes, reps=3)]
     lie = CostCurve(tokens=list(sizes), ms=[truths[0].ms[0]] * len(sizes))
-    assert truths[0].ratio(4) > 1.5, f"llama.cpp's verification was near free here ({truths[0].table()}): this test cannot tell"
     gen = SpeculativeGenerator(target, {"ngram": NgramDrafter()}, lie)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 40  # prompt lookup has matches: steps draft
     drafted = []
@@ -103,6 +102,10 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
         drafted.append(stream.stats.draft_tokens)
         truths.append(measure(target, slot=0, sizes=sizes, reps=3))
     truth = CostCurve(tokens=list(sizes), ms=[statistics.median(c.ms[i] for c in truths) for i in range(len(sizes))])  # for the message
+    # whether the machine's verification is free at all, from the steepest round: load only flattens
+    # a round (the first one alone fell to 1.43x in 2 of 20 runs under `stress --cpu 1`)
+    steepest = max(truths, key=lambda c: c.ratio(4))
+    assert steepest.ratio(4) > 1.5, f"llama.cpp's verification was near free here ({steepest.table()}): this test cannot tell"
     assert gen.curve is not None
     counts = {t: gen.curve._count.get(t, 0) for t in sizes[1:]}
     often = [t for t, n in counts.items() if n >= 3]
