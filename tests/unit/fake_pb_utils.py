@@ -59,6 +59,19 @@ class InferenceResponse:
         return self._error
 
 
+class ResponseSender:
+    """A request's response sender that records what is sent (the real one has no constructor)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[InferenceResponse | None, int]] = []
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
 class InferenceRequest:
     """A BLS request: `exec` returns `handler(self)` (an iterator of responses) for the class-wide
     handler a test sets."""

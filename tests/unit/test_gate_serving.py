@@ -44,14 +44,6 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 POSTPROCESSING_OUTPUTS = ["text_output", *(t.name for t in GATE_OUTPUTS)]
 
 
-class Sender:
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, int]] = []
-
-    def send(self, response: Any = None, flags: int = 0) -> None:
-        self.sent.append((response, flags))
-
-
 @pytest.fixture
 def handler() -> Iterator[dict[str, Any]]:
     """{model name: function(request) -> iterator of responses} answering BLS requests."""
@@ -74,7 +66,7 @@ def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handle
     assert (d.reason, d.shadow) == ("shadow", True)  # it holds the one mirror slot
     llm = LLMRequest(max_tokens=4)
     with pytest.raises(InvalidInput):  # not an engine failure, not a cancellation
-        gm._serve_baseline(ClientStream(Sender(), False, d.route, d.reason, 1), threading.Event(), llm, d, [1, 2], None)
+        gm._serve_baseline(ClientStream(pb.ResponseSender(), False, d.route, d.reason, 1), threading.Event(), llm, d, [1, 2], None)
     gm.gate.finish(d)
 
     def next_reason() -> str:
@@ -103,9 +95,9 @@ class PostRequest:
             pb.Tensor("is_final", np.array([final])), pb.Tensor(REQUEST_KEY_TENSOR, np.array([key], np.int64)),
             *(pb.Tensor(t.name, np.array(gate[t.name], dtype=t.np_dtype)) for t in GATE_OUTPUTS),
         ]  # fmt: skip
-        self.sender, self._cancelled = Sender(), cancelled
+        self.sender, self._cancelled = pb.ResponseSender(), cancelled
 
-    def get_response_sender(self) -> Sender:
+    def get_response_sender(self) -> pb.ResponseSender:
         return self.sender
 
     def requested_output_names(self) -> list[str]:
@@ -161,9 +153,9 @@ class GateResponseAsRequest:
     """A response the gate sent, as the postprocessing request the ensemble makes of it."""
 
     def __init__(self, response: Any) -> None:
-        self.inputs, self.sender = response.output_tensors(), Sender()
+        self.inputs, self.sender = response.output_tensors(), pb.ResponseSender()
 
-    def get_response_sender(self) -> Sender:
+    def get_response_sender(self) -> pb.ResponseSender:
         return self.sender
 
     def requested_output_names(self) -> list[str]:
@@ -175,12 +167,12 @@ class GateResponseAsRequest:
 
 @pytest.mark.parametrize("code", ["cancelled", "internal", "unavailable", "invalid_arg"])
 def test_an_error_after_responses_went_out_is_data_that_postprocessing_answers(checkpoint: Path, code: str) -> None:
-    before = Sender()
+    before = pb.ResponseSender()
     ClientStream(before, True, "baseline", "mode_off", 5).fail(code, "nothing went out yet")
     ((response, flags),) = before.sent
     assert flags == FINAL and response.has_error()  # no step of it runs: an error response is safe
 
-    during = Sender()
+    during = pb.ResponseSender()
     out = ClientStream(during, True, "baseline", "mode_off", 6)
     out.send([9906, 1835], SpecStats())  # a chunk went to postprocessing
     out.fail(code, f"ended: {code}")

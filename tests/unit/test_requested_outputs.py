@@ -22,22 +22,11 @@ from specgate.serving.triton_io import RequestedOutputsSender  # noqa: E402
 SECRET = "s3cret"
 
 
-class Sender:
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, int]] = []
-
-    def send(self, response: Any = None, flags: int = 0) -> None:
-        self.sent.append((response, flags))
-
-    def is_cancelled(self) -> bool:
-        return False
-
-
 class Request:
     def __init__(self, wanted: list[str], params: dict | None = None) -> None:
-        self.sender, self.wanted, self.params = Sender(), wanted, params or {}
+        self.sender, self.wanted, self.params = pb.ResponseSender(), wanted, params or {}
 
-    def get_response_sender(self) -> Sender:
+    def get_response_sender(self) -> pb.ResponseSender:
         return self.sender
 
     def requested_output_names(self) -> list[str]:
