@@ -105,7 +105,8 @@ def test_commit_keeps_the_accepted_path(tree_target, chain_target, case, keep: l
 
 
 def test_batched_forward_matches_each_sequence_alone(gguf) -> None:  # noqa: ANN001
-    """One decode holding several sequences (and a joining prompt) gives each the logits it gets alone."""
+    """One decode holding several sequences (and a joining prompt, asked for out of slot order) gives
+    each the logits it gets alone, in the order they were asked for."""
     batched = LlamaCppTarget(gguf, 256, num_slots=4, threads=2, exact=True)
     alone = LlamaCppTarget(gguf, 256, num_slots=1, threads=2, exact=True)
     rng = random.Random(1)
@@ -116,11 +117,19 @@ def test_batched_forward_matches_each_sequence_alone(gguf) -> None:  # noqa: ANN
         ref.append(alone.forward([(0, [42])])[0])
         alone.release(0)
     first = batched.forward([(0, prompts[0]), (1, prompts[1])])
-    second = batched.forward([(0, [42]), (1, [42]), (2, prompts[2])])
+    second = batched.forward([(2, prompts[2]), (1, [42]), (0, [42])])
     third = batched.forward([(2, [42])])
-    got = [first[0], second[0], first[1], second[1], second[2], third[0]]
+    got = [first[0], second[2], first[1], second[1], second[0], third[0]]
     for g, r in zip(got, ref):
         assert torch.equal(g, r)
+
+
+def test_a_batch_reaches_llama_cpp_in_slot_order(gguf) -> None:  # noqa: ANN001
+    """Each slot is a KV stream of its own, and llama.cpp puts only consecutive sequence ids into one
+    ubatch: slots in the order a scheduler admitted them would cost a pass over the weights per run."""
+    target = LlamaCppTarget(gguf, 64, num_slots=4, threads=2, exact=True)
+    target.forward([(3, [7, 8]), (1, [9]), (2, [10, 11, 12]), (0, [13])])
+    assert [int(target._seq[i][0]) for i in range(7)] == [0, 1, 2, 2, 2, 3, 3]
 
 
 def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa: ANN001

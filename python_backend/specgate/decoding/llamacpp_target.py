@@ -195,8 +195,13 @@ class LlamaCppTarget(Target):
         total = sum(len(t) for _, t in items)
         if total > N_BATCH:
             raise ValueError(f"one step holds at most {N_BATCH} tokens, got {total}")
+        # In slot order: with a KV stream per slot, llama.cpp puts into one ubatch only a run of
+        # consecutive sequence ids (llama_batch_allocr::split_equal, sequential), and each ubatch
+        # reads every weight again. Eight slots in the order they were admitted took up to 4 ubatches.
+        order = sorted(range(len(items)), key=lambda k: items[k][0])
         i = 0
-        for slot, tokens in items:
+        for k in order:
+            slot, tokens = items[k]
             if self._redo.get(slot):
                 raise ValueError(f"slot {slot} has a verified tree to finish: forward() serves plain sequences")
             start = self._len.setdefault(slot, 0)
@@ -204,7 +209,10 @@ class LlamaCppTarget(Target):
                 self._put(i, tok, start + j, (slot,), j == len(tokens) - 1)
                 i += 1
             self._len[slot] = start + len(tokens)
-        return self._decode(i, len(items), features=False)[0]
+        logits = self._decode(i, len(items), features=False)[0]
+        out = torch.empty_like(logits)
+        out[order] = logits  # back to the caller's order
+        return out
 
     def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
         redo = self._redo.pop(slot, [])
