@@ -19,6 +19,7 @@ import tritonclient.grpc.aio as grpcaio
 from starlette.concurrency import run_in_threadpool
 from tritonclient.utils import InferenceServerException
 
+from specgate.text.tokenizer import PromptTokenizer
 from specgate_client import Chunk, GenerateParams, grpc_inputs, result_chunk
 
 log = logging.getLogger("specgate_front")
@@ -81,13 +82,13 @@ class Triton:
     def __init__(self, url: str, model: str = LLM_MODEL) -> None:
         self.url, self.model = url, model
         self.client = grpcaio.InferenceServerClient(url)
-        self._tokenizer: Any = None
+        self._tokenizer: PromptTokenizer | None = None
         self._tokenizer_lock = asyncio.Lock()
 
     async def close(self) -> None:
         await self.client.close()
 
-    async def tokenizer(self) -> Any:
+    async def tokenizer(self) -> PromptTokenizer:
         """The tokenizer `preprocessing` uses, loaded once from the directory its config names (the
         front and Triton share a file system); 503 while Triton cannot say which."""
         async with self._tokenizer_lock:
@@ -97,9 +98,7 @@ class Triton:
                 except InferenceServerException as exc:  # tritonclient's wrapping of every gRPC error here
                     raise BackendError(503, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
                 path = config["config"]["parameters"]["tokenizer_dir"]["string_value"]
-                from transformers import AutoTokenizer  # slow import: only once the tokenizer is needed
-
-                self._tokenizer = await run_in_threadpool(AutoTokenizer.from_pretrained, path)
+                self._tokenizer = await run_in_threadpool(PromptTokenizer, path, 0)  # the front checks no prompt length
                 log.info("tokenizer from %s", path)
         return self._tokenizer
 
@@ -109,14 +108,14 @@ class Triton:
         tok = await self.tokenizer()
 
         def render() -> tuple[str, int]:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return text, len(tok.encode(text, add_special_tokens=False))
+            text = tok.render_chat(messages)
+            return text, len(tok.encode(text))
 
         return await run_in_threadpool(render)
 
     async def count_tokens(self, text: str) -> int:
         tok = await self.tokenizer()
-        return await run_in_threadpool(lambda: len(tok.encode(text, add_special_tokens=False)))
+        return await run_in_threadpool(lambda: len(tok.encode(text)))
 
     async def generate(self, prompt: str, p: GenerateParams, headers: dict[str, str], stream: bool) -> AsyncIterator[Chunk]:
         """The `llm` responses for one request, as Chunks, until the final one. With `stream` false,

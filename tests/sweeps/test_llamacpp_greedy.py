@@ -163,7 +163,7 @@ def test_sampled_output_follows_the_llamacpp_target(gen, prompts, algorithm: str
     """The first three sampled tokens, the second and third through llama.cpp verification, are
     distributed as the target's p (chi-square), p computed from plain decodes of every continuation."""
     target = gen.target
-    prompt = prompts[1][:12]
+    prompt = prompts[1][:6]  # a short prefill keeps each of the 1000 trials cheap (53-57 ms against 72 at 12 tokens)
     exact = _exact(target, prompt)
     cells = {seq: i for i, seq in enumerate(exact)}
     counts = torch.zeros(len(cells))

@@ -124,7 +124,7 @@ def test_postprocessing_relays_a_cancel_without_waiting_on_a_hung_gate(checkpoin
 
     handler["spec_gate"] = gate
     model = PostprocessingModel.__new__(PostprocessingModel)
-    model.tok = PromptTokenizer(checkpoint, 1).tok
+    model.tok = PromptTokenizer(checkpoint, 1)
     model.relay = CancelRelay(EngineKey(SECRET))
     try:
         heartbeat = PostRequest([], 0, False, key=77, cancelled=True)
@@ -135,7 +135,7 @@ def test_postprocessing_relays_a_cancel_without_waiting_on_a_hung_gate(checkpoin
             time.sleep(0.05)
         assert asked == [{PARAM_CANCEL: "77", PARAM_ENGINE_KEY: SECRET}]
         # the gate still hangs: the next response of another request goes out all the same
-        ids = PromptTokenizer(checkpoint, 64).tok.encode("Hello there", add_special_tokens=False)
+        ids = PromptTokenizer(checkpoint, 64).encode("Hello there")
         final = PostRequest(ids, 0, True, key=78, cancelled=False)
         _execute_in_time(model, final)
         ((response, flags),) = final.sender.sent
@@ -182,7 +182,7 @@ def test_an_error_after_responses_went_out_is_data_that_postprocessing_answers(c
     assert [v for v in pb.get_output_tensor_by_name(chunk, GATE_ERROR_TENSOR).as_numpy()] == [b"", b""]
 
     model = PostprocessingModel.__new__(PostprocessingModel)
-    model.tok = PromptTokenizer(checkpoint, 1).tok
+    model.tok = PromptTokenizer(checkpoint, 1)
     model.relay = CancelRelay(EngineKey(SECRET))
     request = GateResponseAsRequest(final)
     _execute_in_time(model, request)

@@ -37,7 +37,7 @@ from specgate.serving.parent_watch import watch_parent
 from specgate.stats import SpecStats
 from specgate.serving.triton_io import FINAL, RequestedOutputsSender, error_response, optional_array, optional_scalar, request_parameters, tensor
 from specgate.errors import InvalidInput
-from specgate.text.tokenizer import parse_stop_words_list
+from specgate.text.stop_words import parse_stop_words_list
 
 import triton_python_backend_utils as pb_utils
 

@@ -9,20 +9,20 @@ from an incomplete character is held back until it completes).
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import Protocol
 
 _INCOMPLETE = "\ufffd"
 
 
-def stable_text(tok: PreTrainedTokenizerBase, ids: list[int]) -> str:
-    text = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    return text.rstrip(_INCOMPLETE)
+class Decoder(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
 
 
-def delta_text(tok: PreTrainedTokenizerBase, ids: list[int], prev_len: int, final: bool) -> str:
+def stable_text(tok: Decoder, ids: list[int]) -> str:
+    return tok.decode(ids).rstrip(_INCOMPLETE)
+
+
+def delta_text(tok: Decoder, ids: list[int], prev_len: int, final: bool) -> str:
     """Text that `ids` adds over `ids[:prev_len]`; on the final response, flush everything."""
-    if final:
-        full = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    else:
-        full = stable_text(tok, ids)
+    full = tok.decode(ids) if final else stable_text(tok, ids)
     return full[len(stable_text(tok, ids[:prev_len])) :] if prev_len else full

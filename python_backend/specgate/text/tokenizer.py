@@ -1,23 +1,45 @@
-"""Prompt preparation: chat template, tokenization, stop strings -> TensorRT-LLM stop_words_list."""
+"""Prompt preparation: chat template, tokenization, stop strings as token ids.
+
+Served through the `tokenizers` library and transformers' own chat-template renderer, not
+`AutoTokenizer`: importing the latter pulls in torch, and three text stubs doing so were most of a
+server's start-up CPU. tests/unit/test_tokenizer.py holds this to AutoTokenizer's output.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from tokenizers import Tokenizer
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from specgate.errors import InvalidInput
+from specgate.text.stop_words import stop_words_list
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")  # what a chat template may name
 
 
 class PromptTokenizer:
+    """The checkpoint directory's tokenizer (`tokenizer.json`, `tokenizer_config.json` and the chat
+    template, as `save_pretrained` writes them)."""
+
     def __init__(self, checkpoint_dir: str | Path, max_input_len: int) -> None:
-        self.tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(checkpoint_dir))
+        root = Path(checkpoint_dir)
+        self.tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+        config = json.loads((root / "tokenizer_config.json").read_text())
+        template = root / "chat_template.jinja"  # transformers >= 4.5x writes it beside the config
+        self.chat_template: str | None = template.read_text() if template.exists() else config.get("chat_template")
+        # a special token is a string, or {"content": ...} in older configs
+        self.special = {k: v["content"] if isinstance(v, dict) else v for k in SPECIAL_TOKENS if (v := config.get(k))}
         self.max_input_len = max_input_len
 
     @property
     def eos_id(self) -> int:
-        return int(self.tok.eos_token_id)
+        eos = self.tok.token_to_id(self.special.get("eos_token", ""))
+        if eos is None:
+            raise ValueError("the tokenizer's config names no eos_token in its vocabulary")
+        return eos
 
     @staticmethod
     def decode_utf8(raw: bytes, field: str = "text_input") -> str:
@@ -27,42 +49,30 @@ class PromptTokenizer:
         except UnicodeDecodeError as exc:
             raise InvalidInput(f"{field} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
+    def encode(self, text: str) -> list[int]:
+        """`text` as token ids, no special tokens added (special tokens written in it still count)."""
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids` without special tokens and without clean-up of spaces: exactly what was generated."""
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The chat template over `messages`, ending with the assistant's turn to speak."""
+        if self.chat_template is None:
+            raise InvalidInput("this model has no chat template: send apply_chat_template=false")
+        rendered, _ = render_jinja_template(conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self.special)
+        return rendered[0]
+
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
         """Token ids for `text`, wrapped as one user turn of the chat template unless `chat` is False."""
         if not text.strip():
             raise InvalidInput("text_input is empty")
-        if chat:
-            ids = self.tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = self.tok.encode(text, add_special_tokens=False)
-        ids = [int(i) for i in ids]
+        ids = self.encode(self.render_chat([{"role": "user", "content": text}]) if chat else text)
         if len(ids) > self.max_input_len:
             raise InvalidInput(f"prompt is {len(ids)} tokens; the limit is {self.max_input_len} (context minus one output token)")
         return ids
 
     def stop_words_list(self, stops: list[str]) -> np.ndarray:
-        """TensorRT-LLM's stop_words_list layout [2, n]: concatenated ids, then end offsets padded with -1."""
-        flat: list[int] = []
-        offsets: list[int] = []
-        for s in stops:
-            if not s:
-                continue
-            ids = self.tok.encode(s, add_special_tokens=False)
-            flat += ids
-            offsets.append(len(flat))
-        if not flat:
-            return np.array([[0], [-1]], dtype=np.int32)
-        offsets += [-1] * (len(flat) - len(offsets))
-        return np.array([flat, offsets], dtype=np.int32)
-
-
-def parse_stop_words_list(arr: np.ndarray) -> list[list[int]]:
-    """Inverse of `stop_words_list`: the token sequences to stop at."""
-    arr = np.asarray(arr).reshape(2, -1)
-    flat, offsets = arr[0].tolist(), [o for o in arr[1].tolist() if o >= 0]
-    out, start = [], 0
-    for end in offsets:
-        out.append(flat[start:end])
-        start = end
-    return [w for w in out if w]
+        """`stops` in TensorRT-LLM's stop_words_list layout."""
+        return stop_words_list([self.encode(s) for s in stops if s])
