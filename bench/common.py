@@ -51,26 +51,18 @@ def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: in
     log = RESULTS / f"bench-server-{http}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     RESULTS.mkdir(exist_ok=True)
     with running(repo, ports, log):
-        wait_calibrated(repo, ports.metrics)
+        wait_calibrated(repo)
         yield ports
 
 
-def wait_calibrated(repo: Path, metrics_port: int, timeout_s: float = 300.0) -> None:
-    """Wait until spec_engine has published its start-up calibration. It measures the machine for
-    15-45 s after the server is ready; a cell measured meanwhile shares the cores with it, and the
-    gate routes on what a busy machine measured (a report's first cells ran so, 2026-12-03)."""
-    from loadtest.metrics import scrape
-    from specgate.contract import VERIFY_COST_METRIC
+def wait_calibrated(repo: Path) -> None:
+    """specgate_launcher.wait_calibrated, with progress: a cell measured while spec_engine calibrates
+    shares the cores with it, and the gate sends everything to the baseline meanwhile."""
+    from specgate_launcher import wait_calibrated as wait
 
-    if 'backend: "python"' not in (repo / "spec_engine" / "config.pbtxt").read_text():
-        return  # tensorrtllm: it publishes no calibration
     start = time.monotonic()
     print("[bench] waiting for spec_engine's start-up calibration ...", flush=True)
-    while not any(name == VERIFY_COST_METRIC for name, _ in scrape(metrics_port)):
-        if time.monotonic() - start > timeout_s:
-            print(f"[bench] warning: no calibration after {timeout_s:.0f} s; measuring anyway", flush=True)
-            return
-        time.sleep(1)
+    wait(repo)
     print(f"[bench] calibrated after {time.monotonic() - start:.0f} s", flush=True)
 
 

@@ -414,7 +414,7 @@ def main() -> None:
     ports = Ports(http, grpc, mport)
     # the server's log goes with the report it produced
     with running(WORK / "model_repository", ports, OUT / "server.log"):
-        wait_calibrated(WORK / "model_repository", ports.metrics)
+        wait_calibrated(WORK / "model_repository")
         url = f"localhost:{ports.http}"
         # warm-up off the measured cells (first-call allocations, batch shapes); SPEC_KEY keeps the org breaker fresh
         closed_loop(url, [replace(s, api_key=SPEC_KEY) for s in requests_for("baseline", 4, args.max_tokens)], 2)

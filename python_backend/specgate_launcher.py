@@ -201,6 +201,21 @@ def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> 
     _wait_http(proc, f"http://127.0.0.1:{ports.http}/v2/health/ready", "tritonserver", timeout_s)
 
 
+def wait_calibrated(repo: Path, timeout_s: float = 300) -> None:
+    """Wait until spec_engine has published its calibration, the file the gate reads (`calibration_path`
+    of spec_gate's config). At load the engine withdraws the last one and measures the machine for up
+    to about 45 s; meanwhile the gate sends every request to the baseline (reason `calibrating`). For
+    benchmarks and tests that need the speculative route or a quiet machine; a server serves without it."""
+    found = re.search(r'key: "calibration_path" value: \{ string_value: "([^"]*)"', (repo / "spec_gate" / "config.pbtxt").read_text())
+    if not found or not found.group(1):
+        return  # tensorrtllm: it publishes no calibration
+    published, deadline = Path(found.group(1)), time.monotonic() + timeout_s
+    while not published.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"spec_engine published no calibration ({published}) within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 def start(
     repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None, admin_header: str = ADMIN_HEADER
 ) -> subprocess.Popen:

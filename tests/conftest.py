@@ -76,7 +76,7 @@ def gguf() -> Path:
 @pytest.fixture(scope="session")
 def server(checkpoint: Path):
     """A real tritonserver on the rendered fp32 repository; yields its Ports."""
-    from specgate_launcher import Ports, running
+    from specgate_launcher import Ports, running, wait_calibrated
 
     TEST_OUT.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "tests" / "integration" / "policy.yaml", TEST_POLICY)  # tests edit these copies live
@@ -94,6 +94,7 @@ def server(checkpoint: Path):
     # Requests still in flight are logged from the first second of the stop, which is all the check
     # below reads.
     with running(TEST_OUT / "model_repository", ports, log, extra=["--exit-timeout-secs=10"]):
+        wait_calibrated(TEST_OUT / "model_repository")  # until then the gate routes to the baseline (`calibrating`)
         yield ports
     # Every request the suite sent must have ended inside Triton too: a request that the ensemble
     # never completes (a step's error while other steps of it ran: contract.GATE_ERROR_TENSOR) is

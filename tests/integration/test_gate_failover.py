@@ -25,8 +25,8 @@ from tritonclient.utils import InferenceServerException
 
 from loadtest.metrics import delta, scrape
 from specgate_client import GenerateParams, GrpcClient, HttpClient, collect
-from specgate_launcher import admin_headers
-from tests.conftest import COMPUTE_LOCK, TEST_POLICY, stub_pids
+from specgate_launcher import admin_headers, wait_calibrated
+from tests.conftest import COMPUTE_LOCK, TEST_OUT, TEST_POLICY, stub_pids
 
 PROMPTS = [
     "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river.",
@@ -48,10 +48,13 @@ def _ready(http, model: str = "spec_engine") -> bool:
 
 
 def _restart(http, model: str) -> None:
-    """What brings back an engine whose process died (see the module doc)."""
+    """What brings back an engine whose process died (see the module doc). A restarted spec_engine
+    measures the machine first, and the gate sends nothing to it before (`calibrating`): wait for it."""
     _repo(http, "unload", model)
     _repo(http, "load", model)
     assert stub_pids(model), f"{model} has no stub process after unload + load"
+    if model == "spec_engine":
+        wait_calibrated(TEST_OUT / "model_repository")
 
 
 def _kill(model: str) -> None:
@@ -84,6 +87,7 @@ def test_control_apis_refuse_callers_without_the_admin_key(http, grpc, server):
     assert not _ready(http)
     g.load_model("spec_engine", headers=admin_headers(grpc=True))  # gRPC with the key too
     assert _ready(http)
+    wait_calibrated(TEST_OUT / "model_repository")  # the later tests route to it
 
 
 def _run_concurrently(http, grpc, during) -> list[tuple[str, str, str]]:
@@ -110,7 +114,7 @@ def test_spec_engine_killed_or_unloaded_loses_no_request(http, grpc, server):
         # 1. kill the engine's process mid-stream: requests continue on the baseline
         served += _run_concurrently(http, grpc, lambda: _kill("spec_engine"))
         # 2. unload it mid-run: same guarantee
-        _restart(http, "spec_engine")  # a fresh instance after the kill
+        _restart(http, "spec_engine")  # a fresh instance after the kill, serving again
         served += _run_concurrently(http, grpc, lambda: _repo(http, "unload"))
         # while it is gone, speculative requests are served by the baseline
         r = http.generate(PROMPTS[0], PARAMS, api_key=KEY)

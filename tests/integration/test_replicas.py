@@ -30,6 +30,7 @@ import yaml
 from loadtest.metrics import scrape, value
 from specgate_deploy.state import ClusterState, read_state
 from specgate_deploy.tools import INSTALL_HINT, which
+from specgate_launcher import wait_calibrated
 from tests.conftest import FREE_DRAFTING, ROOT, require_checkpoint
 from tests.unit.test_deploy_promql import dashboard_queries, promql
 
@@ -133,6 +134,7 @@ def cluster() -> Iterator[Cluster]:
         for r in c.state.replicas:  # the front answers once it has loaded
             wait_for(f"{r.name}'s front", lambda r=r: _ok(f"{c.url(r.ports.front)}/v1/models"))
         wait_for("HAProxy to see both replicas up", lambda: _servers_up(c) == {"replica-0", "replica-1"}, 30)
+        wait_calibrated(OUT / "model_repository")  # the gates send nothing to spec_engine before (`calibrating`)
         yield c
     finally:
         if proc.poll() is None:
@@ -270,6 +272,7 @@ def test_kill_one_replica_under_load(cluster: Cluster) -> None:
     wait_for("the killed replica to be restarted and ready", back)
     wait_for("HAProxy to take it back", lambda: "replica-0" in _servers_up(cluster), 30)
     wait_for("its front", lambda: _ok(f"{cluster.url(victim.ports.front)}/v1/models"), 60)
+    wait_calibrated(OUT / "model_repository")  # the module's later tests route to spec_engine
     assert generate(victim.ports.http, "Hi", **{"x-speculative-decoding": "off"})["text_output"]
     r = _openai(cluster).with_options(base_url=f"{cluster.url(victim.ports.front)}/v1").completions.create(
         model="llm", prompt="Hi", max_tokens=4, extra_headers={"x-speculative-decoding": "off"})

@@ -262,7 +262,7 @@ def test_reload_changes_decisions_without_restart(tmp_path: Path) -> None:
 
 def test_reason_codes_are_the_documented_set() -> None:
     assert REASONS == (
-        "mode_off", "temperature", "canary_out", "load", "no_gain", "circuit_open", "shadow", "shadow_busy",
+        "mode_off", "temperature", "calibrating", "canary_out", "load", "no_gain", "circuit_open", "shadow", "shadow_busy",
         "half_open_probe", "canary_in", "prod",
     )
 
@@ -327,6 +327,25 @@ def test_an_algorithm_that_cannot_pay_is_not_routed_unless_asked_for(tmp_path: P
     g = make_gate(tmp_path, "mode: prod\nallow_override: true\nload: {max_in_flight: null}\n", calibration=_calibration(linear, {"ngram": 0.05}))
     assert decide(g) == ("baseline", "no_gain", False)
     assert decide(g, spec_header="prod")[:2] == ("speculative", "prod")  # opted in: the engine drafts what pays (nothing)
+
+
+def test_nothing_goes_to_a_spec_engine_that_is_measuring(tmp_path: Path) -> None:
+    """spec_engine withdraws its calibration at load and serves nothing until it has measured and
+    published a new one: meanwhile the gate routes to the baseline, opted-in requests too, and it
+    looks for the file at every request, so the first one after it appears is routed on it."""
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    (tmp_path / "policy.yaml").write_text("mode: prod\nallow_override: true\nload: {max_in_flight: null}\n")
+    published, clock = tmp_path / "calibration.json", Clock()
+    g = Gate(str(tmp_path / "policy.yaml"), now=clock, label_secret=SECRET, calibration_path=published)
+    assert decide(g) == ("baseline", "calibrating", False)
+    assert decide(g, spec_header="prod")[:2] == ("baseline", "calibrating")
+    assert decide(g, temperature=5.0)[1] == "temperature"  # the rules before it still come first
+    _calibration(FLAT, {"ngram": 0.05}).save(published)
+    assert decide(g)[:2] == ("speculative", "prod")  # no reload interval waited for
+    Calibration.withdraw(published)  # the engine restarted
+    clock.t += 1.0  # a published calibration is looked at once per reload interval
+    assert decide(g)[:2] == ("baseline", "calibrating")
+    assert Gate(str(tmp_path / "policy.yaml"), now=clock, label_secret=SECRET).decide(RequestInputs()).reason == "prod"  # no path: policy alone
 
 
 def test_a_tenant_the_curve_expects_no_gain_for_is_probed_before_it_is_routed(tmp_path: Path) -> None:

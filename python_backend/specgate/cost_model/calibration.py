@@ -95,6 +95,12 @@ class Calibration(BaseModel):
     def load(cls, path: Path) -> "Calibration":
         return cls.model_validate(json.loads(path.read_text()))
 
+    @staticmethod
+    def withdraw(path: Path) -> None:
+        """Take a published calibration back: its engine is about to measure again and serves nothing
+        meanwhile (the gate routes to the baseline while no file is there: reason `calibrating`)."""
+        path.unlink(missing_ok=True)
+
 
 def default_depth(algorithm: str) -> int:
     """The deepest position a draft of the algorithm's default k reaches."""

@@ -11,8 +11,10 @@ What the gate takes from it:
 - the breaker's thresholds when the policy says `auto`: below the acceptance at which drafting
   stops paying, the tenant's circuit opens.
 
-Without a file (spec_engine still loading, or the tensorrtllm engines, which publish none) the gate
-routes on the policy alone.
+With a path but no file there, spec_engine is measuring (at its load it withdraws the last run's
+file and serves nothing until it has published a new one): the gate routes to the baseline (reason
+`calibrating`) and looks for the file at every request until it appears. Without a path (the
+tensorrtllm engines publish no calibration) the gate routes on the policy alone.
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ class CalibrationStore:
         store._current = calibration
         return store
 
+    @property
+    def follows_engine(self) -> bool:
+        """Whether spec_engine publishes a calibration here (no calibration then means: measuring)."""
+        return self._path is not None
+
     def current(self) -> Calibration | None:
-        if self._path is not None and self._now() >= self._next:
+        # While there is none, look at every request: the first one after the engine published goes to it.
+        if self._path is not None and (self._current is None or self._now() >= self._next):
             self._next = self._now() + self._interval
             self._reload()
         return self._current
@@ -52,8 +60,14 @@ class CalibrationStore:
         assert self._path is not None
         try:
             st = self._path.stat()
-        except OSError:
-            return  # not published (yet): keep what we have
+        except FileNotFoundError:
+            if self._current is not None:
+                log.info("spec_engine withdrew its calibration (it measures again): routing to the baseline until it publishes")
+            self._current, self._seen = None, None
+            return
+        except OSError as exc:
+            log.error("calibration %s unreadable, keeping the previous one: %s", self._path, exc)
+            return
         signature = (st.st_mtime_ns, st.st_size)
         if signature == self._seen:
             return

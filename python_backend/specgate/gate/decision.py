@@ -27,8 +27,9 @@ HALF_OPEN_PROBE = "half_open_probe"
 CANARY_IN = "canary_in"
 PROD = "prod"
 NO_GAIN = "no_gain"
+CALIBRATING = "calibrating"
 REASONS: tuple[str, ...] = (
-    MODE_OFF, TEMPERATURE, CANARY_OUT, LOAD, NO_GAIN, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
+    MODE_OFF, TEMPERATURE, CALIBRATING, CANARY_OUT, LOAD, NO_GAIN, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
     HALF_OPEN_PROBE, CANARY_IN, PROD,
 )
 # Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.

@@ -12,6 +12,7 @@ Then the rules, in this order; the first that applies names the reason:
 
     mode off                                   -> baseline     mode_off
     temperature > threshold                    -> baseline     temperature
+    spec_engine measuring (no calibration yet) -> baseline     calibrating  (cost_model/route.py)
     prod from policy, hash(request) > canary   -> baseline     canary_out
     in flight >= load.max_in_flight            -> baseline     load
     prod from policy, drafting cannot pay here -> baseline     no_gain      (spec_engine's calibration)
@@ -59,7 +60,7 @@ from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.decision import (
-    BASELINE, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY,
+    BASELINE, CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY,
     SPECULATIVE, TEMPERATURE, Decision, GateRequest, GateStats, Route,
 )
 from specgate.gate.labels import TenantLabels
@@ -212,6 +213,8 @@ class Gate:
         threshold = setting(tenant, "temperature_threshold", policy.temperature_threshold)
         if inputs.temperature is not None and inputs.temperature > threshold:
             return BASELINE, TEMPERATURE, False, False
+        if cal is None and self._calibration.follows_engine:  # it would wait behind the measuring
+            return BASELINE, CALIBRATING, False, False
         canary = 100.0 if from_request else setting(tenant, "canary_percent", policy.canary_percent)
         if mode is Mode.PROD and canary < 100.0 and not in_canary(inputs.request_id or inputs.canary_key, canary):
             return BASELINE, CANARY_OUT, False, False
