@@ -89,11 +89,11 @@ def server(checkpoint: Path):
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))
     os.environ[ENV_COMPUTE_LOCK] = str(COMPUTE_LOCK)  # the launcher keeps a lock path it is given
     log = TEST_OUT / "tritonserver.log"
-    # 10 s to stop, not Triton's 30: after test_gate_failover has killed engines mid-request, spec_gate's
+    # 3 s to stop, not Triton's 30: after test_gate_failover has killed engines mid-request, spec_gate's
     # stub never unloads (docs/robustness.md, "Limits") and the server would wait out the whole timeout.
     # Requests still in flight are logged from the first second of the stop, which is all the check
     # below reads.
-    with running(TEST_OUT / "model_repository", ports, log, extra=["--exit-timeout-secs=10"]):
+    with running(TEST_OUT / "model_repository", ports, log, extra=["--exit-timeout-secs=3"]):
         wait_calibrated(TEST_OUT / "model_repository")  # until then the gate routes to the baseline (`calibrating`)
         yield ports
     # Every request the suite sent must have ended inside Triton too: a request that the ensemble
