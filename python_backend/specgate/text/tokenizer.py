@@ -28,7 +28,7 @@ class PromptTokenizer:
         root = Path(checkpoint_dir)
         self.tok = Tokenizer.from_file(str(root / "tokenizer.json"))
         config = json.loads((root / "tokenizer_config.json").read_text())
-        template = root / "chat_template.jinja"  # transformers >= 4.5x writes it beside the config
+        template = root / "chat_template.jinja"  # where our pinned transformers writes it; older ones put it in the config
         self.chat_template: str | None = template.read_text() if template.exists() else config.get("chat_template")
         # a special token is a string, or {"content": ...} in older configs
         self.special = {k: v["content"] if isinstance(v, dict) else v for k in SPECIAL_TOKENS if (v := config.get(k))}
