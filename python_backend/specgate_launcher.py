@@ -206,10 +206,14 @@ def wait_calibrated(repo: Path, timeout_s: float = 300) -> None:
     of spec_gate's config). At load the engine withdraws the last one and measures the machine for up
     to about 45 s; meanwhile the gate sends every request to the baseline (reason `calibrating`). For
     benchmarks and tests that need the speculative route or a quiet machine; a server serves without it."""
-    found = re.search(r'key: "calibration_path" value: \{ string_value: "([^"]*)"', (repo / "spec_gate" / "config.pbtxt").read_text())
-    if not found or not found.group(1):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse((repo / "spec_gate" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    path = config.parameters["calibration_path"].string_value if "calibration_path" in config.parameters else ""
+    if not path:
         return  # tensorrtllm: it publishes no calibration
-    published, deadline = Path(found.group(1)), time.monotonic() + timeout_s
+    published, deadline = Path(path), time.monotonic() + timeout_s
     while not published.exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"spec_engine published no calibration ({published}) within {timeout_s:.0f} s")
