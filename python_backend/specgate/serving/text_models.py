@@ -87,7 +87,7 @@ class PostprocessingModel:
     def _one(self, r: Any) -> Any | None:
         """The client's response to one gate response; None for a heartbeat; the gate's error if
         the gate ended the request with one (contract.GATE_ERROR_TENSOR)."""
-        ids = [int(i) for i in optional_array(r, "output_ids").reshape(-1)]
+        ids = optional_array(r, "output_ids").reshape(-1).tolist()
         prev = int(optional_scalar(r, "prev_output_length"))
         final = bool(optional_scalar(r, "is_final"))
         key = optional_scalar(r, REQUEST_KEY_TENSOR)

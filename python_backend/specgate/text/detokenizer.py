@@ -5,6 +5,12 @@ until the following tokens arrive. Rather than keep per-request state in the pos
 each response carries all output ids so far plus how many of them earlier responses had already
 turned into text; the new text is the difference of the two *stable* decodes (a trailing U+FFFD
 from an incomplete character is held back until it completes).
+
+Both decodes start a few tokens before the text already sent, not at the first token, so that a
+response costs the same at token 2000 as at token 20 (decoding everything each time made a long
+reply's postprocessing quadratic). The window starts on a character boundary and at least one token
+before the new ones: decoders that drop a leading space from the first token they decode
+(SentencePiece's) then drop it from both decodes alike.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 from typing import Protocol
 
 _INCOMPLETE = "\ufffd"
+WINDOW = 8  # tokens decoded before the new ones: more than any one character spans
+MAX_BACKTRACK = 8  # further tokens to step back to reach a character boundary; else decode from 0
 
 
 class Decoder(Protocol):
@@ -22,7 +30,22 @@ def stable_text(tok: Decoder, ids: list[int]) -> str:
     return tok.decode(ids).rstrip(_INCOMPLETE)
 
 
+def window_start(tok: Decoder, ids: list[int], prev_len: int) -> int:
+    """Where decoding may start: at least WINDOW tokens before `prev_len`, at a token whose text does
+    not begin inside a character (0 if none is found close by: decode everything, always right)."""
+    start = prev_len - WINDOW
+    for _ in range(MAX_BACKTRACK):
+        if start <= 0:
+            return 0
+        if not tok.decode(ids[start : start + 1]).startswith(_INCOMPLETE):
+            return start
+        start -= 1
+    return 0
+
+
 def delta_text(tok: Decoder, ids: list[int], prev_len: int, final: bool) -> str:
     """Text that `ids` adds over `ids[:prev_len]`; on the final response, flush everything."""
-    full = tok.decode(ids) if final else stable_text(tok, ids)
-    return full[len(stable_text(tok, ids[:prev_len])) :] if prev_len else full
+    start = window_start(tok, ids, prev_len) if prev_len else 0
+    window = ids[start:]
+    full = tok.decode(window) if final else stable_text(tok, window)
+    return full[len(stable_text(tok, window[: prev_len - start])) :] if prev_len else full
