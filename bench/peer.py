@@ -121,9 +121,12 @@ def _peer(setup: dict):  # noqa: ANN202
 def _floor(setup: dict):  # noqa: ANN202
     import numpy as np
 
-    from specgate.decoding.llamacpp_target import LlamaCppTarget
+    from specgate.decoding.config import EngineConfig
+    from specgate.decoding.loading import load_target
 
-    target = LlamaCppTarget(Path(setup["gguf"]), setup["n_ctx"], num_slots=1, threads=setup["threads"], exact=setup["exact"])
+    # built as the engines build it (load_target also gives torch one thread beside llama.cpp's pool)
+    cfg = EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"], exact=setup["exact"])
+    target = load_target(cfg, cfg.model, num_slots=1, exact=cfg.exact)
 
     def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:
         if temperature > 0:

@@ -210,6 +210,8 @@ class LlamaCppTarget(Target):
                 i += 1
             self._len[slot] = start + len(tokens)
         logits = self._decode(i, len(items), features=False)[0]
+        if order == list(range(len(items))):
+            return logits  # already the caller's order (one sequence, or a batch sent in slot order)
         out = torch.empty_like(logits)
         out[order] = logits  # back to the caller's order
         return out
