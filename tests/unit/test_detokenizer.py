@@ -74,6 +74,8 @@ def test_a_run_of_broken_bytes_longer_than_the_window_is_not_lost(tok, run):
     broken = [i for i in range(512) if tok.decode([i]).startswith("\ufffd")][:run]
     word = tok.encode(" and")
     ids = word * 4 + broken + word * 4
+    if run == WINDOW + 4:  # also split by a special token (no text of its own) where the window would start
+        ids = word * 4 + broken[:4] + [tok.eos_id] + broken[4:] + word * 4
     for prev in range(len(word) * 4, len(word) * 4 + len(broken) + 1):
         for n in range(prev + 1, len(ids) + 1):
             assert delta_text(tok, ids[:n], prev, False) == _full_delta(tok, ids[:n], prev, False), (prev, n)

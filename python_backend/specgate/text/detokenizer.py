@@ -31,13 +31,16 @@ def stable_text(tok: Decoder, ids: list[int]) -> str:
 
 
 def window_start(tok: Decoder, ids: list[int], prev_len: int) -> int:
-    """Where decoding may start: at least WINDOW tokens before `prev_len`, at a token whose text does
-    not begin inside a character (0 if none is found close by: decode everything, always right)."""
+    """Where decoding may start: at least WINDOW tokens before `prev_len`, at a token that has text of
+    its own (not a special token) beginning with a whole character; 0 if none is found close by
+    (decode everything: always right). Such a first token keeps bytes still held back before the
+    window from being taken for the window's own."""
     start = prev_len - WINDOW
     for _ in range(MAX_BACKTRACK):
         if start <= 0:
             return 0
-        if not tok.decode(ids[start : start + 1]).startswith(_INCOMPLETE):
+        first = tok.decode(ids[start : start + 1])
+        if first and not first.startswith(_INCOMPLETE):
             return start
         start -= 1
     return 0
