@@ -118,14 +118,20 @@ def _peer(setup: dict):  # noqa: ANN202
     return decode
 
 
+def _config(setup: dict, **extra: Any):  # noqa: ANN202
+    """The engine config of one sequence that the floor and the engine path share."""
+    from specgate.decoding.config import EngineConfig
+
+    return EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"], exact=setup["exact"], **extra)
+
+
 def _floor(setup: dict):  # noqa: ANN202
     import numpy as np
 
-    from specgate.decoding.config import EngineConfig
     from specgate.decoding.loading import load_target
 
     # built as the engines build it (load_target also gives torch one thread beside llama.cpp's pool)
-    cfg = EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"], exact=setup["exact"])
+    cfg = _config(setup)
     target = load_target(cfg, cfg.model, num_slots=1, exact=cfg.exact)
 
     def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:
@@ -150,13 +156,11 @@ def _engine(setup: dict):  # noqa: ANN202
     import threading
 
     from specgate.decoding.batch_runner import BatchRunner
-    from specgate.decoding.config import EngineConfig
     from specgate.decoding.loading import load_target
     from specgate.decoding.request import Event, GenerationRequest
     from specgate.decoding.sampling import SamplingParams
 
-    cfg = EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"], exact=setup["exact"],
-                       queue_timeout_s=1e6)
+    cfg = _config(setup, queue_timeout_s=1e6)
     runner = BatchRunner(load_target(cfg, cfg.model, num_slots=1, exact=cfg.exact), cfg)
 
     def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:

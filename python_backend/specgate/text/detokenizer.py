@@ -48,7 +48,7 @@ def window_start(tok: Decoder, ids: list[int], prev_len: int) -> int:
 
 def delta_text(tok: Decoder, ids: list[int], prev_len: int, final: bool) -> str:
     """Text that `ids` adds over `ids[:prev_len]`; on the final response, flush everything."""
-    start = window_start(tok, ids, prev_len) if prev_len else 0
+    start = window_start(tok, ids, prev_len)  # 0 while prev_len <= WINDOW
     window = ids[start:]
     full = tok.decode(window) if final else stable_text(tok, window)
     return full[len(stable_text(tok, window[: prev_len - start])) :] if prev_len else full
