@@ -19,6 +19,7 @@ from specgate.decoding.plain import greedy_decode
 from specgate.decoding.torch_target import TorchTarget
 from specgate.cost_model.goodput import CostCurve
 from specgate.speculative.ngram import NgramDrafter
+from specgate.speculative import spec_runner
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -179,6 +180,35 @@ def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, m
     learned = published[-1]
     assert learned.refined_at is not None and learned.measured_at == "then"
     assert learned.curve.cost(1) < 0.5 * slow.cost(1), learned.curve.table()
+
+
+def test_a_curve_that_keeps_moving_is_republished_at_most_once_per_interval(
+    checkpoint: Path, model: Llama, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A noisy machine's live curve moves past REPUBLISH_DRIFT from request to request; the runner
+    republishes the first refinement at once and the next ones at most every REPUBLISH_MIN_INTERVAL_S."""
+    published: list[Calibration] = []
+    cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append, calibrated=False)
+    slow = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])
+    r.generator.set_curve(slow)
+
+    def request_against_a_curve_far_off(prompt: list[int]) -> None:
+        # each request finds the published curve 20x off its decodes, as if the machine had moved
+        r.calibration = Calibration.build(slow, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
+        done = Collect()
+        r.submit(_greedy(prompt), done, algorithm="ngram")
+        assert done.done.wait(300) and done.final.error is None
+
+    try:
+        request_against_a_curve_far_off(prompts[0])
+        request_against_a_curve_far_off(prompts[1])
+        assert len(published) == 1, "republished twice within the interval"
+        monkeypatch.setattr(spec_runner, "REPUBLISH_MIN_INTERVAL_S", 0.0)  # the interval has passed
+        request_against_a_curve_far_off(prompts[0])
+        assert len(published) == 2
+    finally:
+        r.shutdown()
 
 
 def test_a_failed_republish_sends_no_second_final(checkpoint: Path, model: Llama, prompts: list[list[int]]) -> None:

@@ -31,6 +31,11 @@ from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 log = logging.getLogger(__name__)
 
 REPUBLISH_DRIFT = 1.1  # republish the calibration once the live curve moved this factor from it
+# ... but a refined one at most this often. Why: on a noisy machine the live medians themselves
+# move by more than REPUBLISH_DRIFT from request to request; on a 2-core EPYC under c=8 load the
+# calibration was republished after nearly every request, about once a second, and the gauge and
+# the gate's routing flapped with it. The first refinement after a calibration goes out at once.
+REPUBLISH_MIN_INTERVAL_S = 30.0
 # Calibration waits (at most this long) for the machine to go idle: at load the server's other
 # models are still starting on the same cores.
 IDLE_WAIT_AT_LOAD_S = 30.0
@@ -71,6 +76,7 @@ class SpeculativeRunner:
         self.cfg = cfg
         self.generator = SpeculativeGenerator(target, drafters)
         self.calibration: Calibration | None = None
+        self._refined_at: float | None = None  # monotonic time of the last refinement since a calibration
         self._on_calibration = on_calibration
         log.info("speculative engine drafters: %s", sorted(drafters))
         self._q: queue.Queue[_Job | _Calibrate | None] = queue.Queue()
@@ -135,7 +141,7 @@ class SpeculativeRunner:
             self.generator.set_curve(cal.curve)
             for name in cal.algorithms:
                 self.generator.draft_cost[name] = cal.draft_cost(name)
-            self.calibration = cal
+            self.calibration, self._refined_at = cal, None
             self._on_calibration(cal)
             item.done(cal)
         except Exception as exc:  # keep serving: without a curve every step drafts k
@@ -170,6 +176,9 @@ class SpeculativeRunner:
         cal, curve = self.calibration, self.generator.curve
         if cal is None or curve is None or curve.pinned or curve.drift(cal.curve) < REPUBLISH_DRIFT:
             return
+        if self._refined_at is not None and time.monotonic() - self._refined_at < REPUBLISH_MIN_INTERVAL_S:
+            return
+        self._refined_at = time.monotonic()
         draft_ms = {name: cost.ms for name, cost in self.generator.draft_cost.items() if cost.ms > 0}
         at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         self.calibration = cal.refined(curve.snapshot(), draft_ms, at)
