@@ -161,6 +161,14 @@ def test_a_request_cancelled_while_it_waits_never_starts(runner, prompts, refere
     assert running.tokens == reference[0]
 
 
+SLOW = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])  # far slower than any real decode
+
+
+def _slow_calibration() -> Calibration:
+    """A measured calibration with the SLOW curve: every request's decodes contradict it."""
+    return Calibration.build(SLOW, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
+
+
 def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, model: Llama, prompts: list[list[int]]) -> None:
     """A measured calibration 20x too slow: after one request the runner publishes the curve its
     decodes taught it (the gauge and the gate read what it publishes), keeping when it was measured."""
@@ -168,9 +176,8 @@ def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, m
     cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
     r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append, calibrated=False)
     try:
-        slow = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])
-        r.calibration = Calibration.build(slow, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
-        r.generator.set_curve(slow)
+        r.calibration = _slow_calibration()
+        r.generator.set_curve(SLOW)
         done = Collect()
         r.submit(_greedy(prompts[0]), done, algorithm="ngram")
         assert done.done.wait(300) and done.final.error is None
@@ -179,7 +186,7 @@ def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, m
     assert published, "nothing republished after the decodes contradicted the calibration"
     learned = published[-1]
     assert learned.refined_at is not None and learned.measured_at == "then"
-    assert learned.curve.cost(1) < 0.5 * slow.cost(1), learned.curve.table()
+    assert learned.curve.cost(1) < 0.5 * SLOW.cost(1), learned.curve.table()
 
 
 def test_a_curve_that_keeps_moving_is_republished_at_most_once_per_interval(
@@ -190,12 +197,11 @@ def test_a_curve_that_keeps_moving_is_republished_at_most_once_per_interval(
     published: list[Calibration] = []
     cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
     r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append, calibrated=False)
-    slow = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])
-    r.generator.set_curve(slow)
+    r.generator.set_curve(SLOW)
 
     def request_against_a_curve_far_off(prompt: list[int]) -> None:
         # each request finds the published curve 20x off its decodes, as if the machine had moved
-        r.calibration = Calibration.build(slow, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
+        r.calibration = _slow_calibration()
         done = Collect()
         r.submit(_greedy(prompt), done, algorithm="ngram")
         assert done.done.wait(300) and done.final.error is None
@@ -222,9 +228,8 @@ def test_a_failed_republish_sends_no_second_final(checkpoint: Path, model: Llama
     cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
     r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=broken, calibrated=False)
     try:
-        slow = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])  # far off: the first request republishes
-        r.calibration = Calibration.build(slow, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
-        r.generator.set_curve(slow)
+        r.calibration = _slow_calibration()  # far off: the first request republishes
+        r.generator.set_curve(SLOW)
         events: list[Event] = []
         r.submit(_greedy(prompts[0]), events.append, algorithm="ngram")
         after = Collect()  # FIFO: once this one ends, the first request's turn is over
