@@ -58,19 +58,47 @@ def make_draft(target_dir: Path, out_dir: Path, layers: int) -> None:
     _log(f"wrote {out_dir} ({layers} of {len({k.split('.')[2] for k in state if k.startswith('model.layers.')})} layers)")
 
 
+def _gguf_layers(path: Path) -> int | None:
+    """A GGUF's block count as llama.cpp reads it, vocabulary only (a fraction of a second); None if
+    it cannot. gguf's Python reader builds a numpy view of every metadata element first: about 3 s
+    for this model's 49k-token vocabulary, paid by every render of a model repository (each test
+    server's too)."""
+    import ctypes
+
+    import llama_cpp as L
+
+    from specgate.decoding.llamacpp_target import quiet_logs
+
+    quiet_logs(L)
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        return None
+    try:
+        def meta(key: str) -> str | None:
+            buf = ctypes.create_string_buffer(128)
+            return buf.value.decode() if L.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) >= 0 else None
+
+        count = meta(f"{meta('general.architecture')}.block_count")
+        return int(count) if count else None
+    finally:
+        L.llama_model_free(model)
+
+
 def make_draft_gguf(target: Path, out: Path, layers: int) -> None:
     """The first `layers` blocks of the GGUF `target`, with its metadata (block count changed)."""
     import gguf
 
+    if out.exists() and _gguf_layers(out) == layers:
+        _log(f"draft GGUF present: {out} ({layers} layers)")
+        return
     reader = gguf.GGUFReader(target)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
     total = reader.fields[block_key].contents()
     if not 1 <= layers < total:
         raise SystemExit(f"[make-draft-model] error: --layers must be in [1, {total - 1}]")
-    if out.exists() and gguf.GGUFReader(out).fields[block_key].contents() == layers:
-        _log(f"draft GGUF present: {out} ({layers} layers)")
-        return
     keep = [t for t in reader.tensors if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < layers]
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(out, arch=arch)

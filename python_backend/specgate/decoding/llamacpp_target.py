@@ -62,7 +62,7 @@ def _llama_cpp():  # imported lazily: the torch engine and the gate never need i
 _LOG_CALLBACK = None  # kept alive: llama.cpp calls it from C
 
 
-def _quiet_logs(L) -> None:  # type: ignore[no-untyped-def]
+def quiet_logs(L) -> None:  # type: ignore[no-untyped-def]
     """Route llama.cpp's own log lines to logging at debug level (they go to stderr otherwise)."""
     global _LOG_CALLBACK
     if _LOG_CALLBACK is None:
@@ -86,7 +86,7 @@ class _Verified:
 class LlamaCppTarget(Target):
     def __init__(self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0, exact: bool = False) -> None:
         L = self._L = _llama_cpp()
-        _quiet_logs(L)
+        quiet_logs(L)
         self.gguf = Path(gguf)
         self.exact = exact
         self._native = native()
