@@ -10,10 +10,12 @@ How many prompts: the served engine's identity is proven at full scale on llama.
 against the baseline engine). What this file adds is the algorithms' own logic on an engine that
 owes nothing to llama.cpp's kernels. A logic fault (a node that sees a token it should not, a commit
 that keeps a rejected cell) corrupts every later step of a request, and each request runs one
-verification per step: 8 prompts x 32 tokens put a few hundred verifications through every
-algorithm, and the oracle tree drives deep accepted paths through every prompt. A fault that only
-shows on one prompt in fifty would still fail the llama.cpp sweep (50 x 64). SPECGATE_LOSSLESS_FULL=1
-runs the earlier bar here too, 50 x 64 (about 25 min on a 2-core machine).
+verification per step. Each algorithm runs on every other prompt of the 8 (issue 28: all 8 were
+130 s of the suite on a 2-core EPYC); the verifications and acceptances are printed. The drafters
+are the same code on both engines and are held to the llama.cpp sweep's bar (50 x 64 in CI); what
+is the PyTorch engine's own, its tree verification and KV-cache compaction, the oracle tree drives
+through deep accepted paths on all 8 prompts.
+SPECGATE_LOSSLESS_FULL=1 runs the earlier bar here too, 50 x 64 (about 25 min on a 2-core machine).
 
 Sampling: with the real target p and real draft q, speculative sampling's first verified token
 follows p (chi-square), for a sampled chain and a deterministic tree.
@@ -50,6 +52,7 @@ from tests.unit.stat_helpers import passes_chi2
 
 FULL = os.environ.get("SPECGATE_LOSSLESS_FULL") == "1"
 NUM_PROMPTS, NEW_TOKENS = (50, 64) if FULL else (8, 32)
+PER_ALGORITHM_STEP = 1 if FULL else 2  # each algorithm's sweep runs every other prompt (module doc)
 pytestmark = pytest.mark.timeout(3600 if FULL else 900)
 MAX_LEN = 320
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "speculative_prompts.json"
@@ -113,11 +116,12 @@ def _run(gen: SpeculativeGenerator, prompt: list[int], n: int, **kw) -> tuple[li
 
 @pytest.mark.parametrize("algorithm", ["ngram", "draft_model", "eagle", "eagle2", "hybrid"])
 def test_greedy_is_token_identical(generator, prompts, reference, algorithm: str) -> None:  # noqa: ANN001
-    drafted = 0
-    for prompt, ref in zip(prompts, reference):
+    drafted = accepted = steps = 0
+    for prompt, ref in list(zip(prompts, reference))[::PER_ALGORITHM_STEP]:
         out, stream = _run(generator, prompt, NEW_TOKENS, algorithm=algorithm)
         assert out == ref, f"{algorithm} diverged from greedy after {next(i for i, (a, b) in enumerate(zip(out + [-1], ref + [-2])) if a != b)} tokens"
-        drafted += stream.stats.draft_tokens
+        drafted, accepted, steps = drafted + stream.stats.draft_tokens, accepted + stream.stats.accepted_tokens, steps + stream.stats.num_drafts
+    print(f"\n{algorithm}: {steps} verifications with drafts, {accepted} of {drafted} draft tokens accepted")
     assert drafted > 0
 
 
