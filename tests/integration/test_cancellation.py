@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tritonclient.grpc as grpcclient
 
-from loadtest.metrics import delta, scrape, value
+from loadtest.metrics import Samples, delta, scrape, value
 from specgate_client import GenerateParams, gate_headers, grpc_inputs, stream_engine
 from specgate_launcher import engine_key
 from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, engine_inputs
@@ -76,11 +76,18 @@ def test_cancel_through_llm_stops_the_engine(request, server, mode: str, proto: 
     seen = _cancel_llm(request.getfixturevalue(proto), mode)
     after = engines_idle(server.metrics)
     generated = delta(before, after, ENGINE_TOKENS_METRIC, model=model)
-    print(f"\n{model} over {proto}: client saw {seen} tokens, engine generated {generated:.0f} of {LONG.max_tokens}")
+    print(f"\n{model} over {proto}: client saw {seen} tokens, engine generated {generated:.0f} of {LONG.max_tokens}; {_cancels(before, after, model)}")
     assert seen <= generated <= seen + FEW
     assert delta(before, after, ENGINE_CANCELLED_METRIC, model=model) == 1
     assert delta(before, after, "spec_gate_cancelled_total") == 1  # the gate stopped its BLS stream
     assert kv_tokens(after)[model] == 0  # the slot's cache cells are free
+
+
+def _cancels(before: Samples, after: Samples, model: str) -> str:
+    """Which hops a cancellation reached, for the record: a failure names the hop it did not pass
+    (the gate's counter: postprocessing relayed it; the engine's: the gate's stop arrived)."""
+    gate, engine = delta(before, after, "spec_gate_cancelled_total"), delta(before, after, ENGINE_CANCELLED_METRIC, model=model)
+    return f"cancellations counted by the gate {gate:.0f}, by {model} {engine:.0f}"
 
 
 def _wait_running(metrics_port: int, model: str, timeout_s: float = 120) -> None:
@@ -112,7 +119,7 @@ def test_a_client_that_leaves_a_non_streamed_request_stops_it(server, mode: str)
     _leave_unstreamed(server, mode)
     after = engines_idle(server.metrics)
     generated = delta(before, after, ENGINE_TOKENS_METRIC, model=model)
-    print(f"\n{model}, non-streamed over gRPC: the client left; the engine generated {generated:.0f} of {UNSTREAMED.max_tokens}")
+    print(f"\n{model}, non-streamed over gRPC: the client left; the engine generated {generated:.0f} of {UNSTREAMED.max_tokens}; {_cancels(before, after, model)}")
     assert delta(before, after, ENGINE_CANCELLED_METRIC, model=model) == 1
     assert delta(before, after, "spec_gate_cancelled_total") == 1
     assert generated < UNSTREAMED.max_tokens

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -19,7 +20,7 @@ from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Decision  # noqa: E402
 from specgate.serving import bls  # noqa: E402
 from specgate.serving.bls import EngineFailure  # noqa: E402
-from specgate.serving.engine_client import EngineClient, EngineRefused  # noqa: E402
+from specgate.serving.engine_client import EngineClient, EngineGone, EngineRefused, SharedPing  # noqa: E402
 from specgate.serving.engine_key import EngineKey  # noqa: E402
 from specgate.serving.llm_request import LLMRequest  # noqa: E402
 
@@ -34,11 +35,12 @@ def _tokens(*ids: int) -> pb.InferenceResponse:
 
 class Engines:
     """Answers the gate's BLS requests: pings (or fails them), records stop messages, and serves a
-    generation as `generation` says."""
+    generation as `generation` says (an iterator, or a function that makes one per request)."""
 
-    def __init__(self, generation: Iterator[Any] | None = None, ping_error: str | None = None) -> None:
+    def __init__(self, generation: Iterator[Any] | Callable[[], Iterator[Any]] | None = None, ping_error: str | None = None) -> None:
         self.generation = generation if generation is not None else iter([_tokens(1, 2)])
         self.ping_error = ping_error
+        self.ping: Callable[[], Iterator[Any]] | None = None  # answers pings instead of ping_error
         self.requests: list[pb.InferenceRequest] = []
         self.stopped: list[str] = []
         self.release = threading.Event()  # ends a silent generation (the test's cleanup)
@@ -46,12 +48,14 @@ class Engines:
     def __call__(self, req: pb.InferenceRequest) -> Iterator[Any]:
         self.requests.append(req)
         p = req.parameters
+        if PARAM_PING in p and self.ping is not None:
+            return self.ping()
         if PARAM_PING in p:
             return iter([pb.InferenceResponse([], pb.TritonError(self.ping_error)) if self.ping_error else pb.InferenceResponse([])])
         if PARAM_CANCEL in p:
             self.stopped.append(p[PARAM_CANCEL])
             return iter([pb.InferenceResponse([])])
-        return self.generation
+        return self.generation() if callable(self.generation) else self.generation
 
     def silent(self) -> Iterator[Any]:
         self.release.wait()
@@ -98,13 +102,76 @@ def test_a_finished_request_is_not_stopped(engines: Engines) -> None:
     assert engines.stopped == []
 
 
-def test_an_engine_given_up_on_is_told_to_stop(engines: Engines) -> None:
-    """The engine goes silent and then fails its ping: the gate gives up (EngineFailure). Before issue
-    26 only a client's cancellation sent the stop, so this request kept the engine busy, unread."""
-    engines.generation, engines.ping_error = engines.silent(), "stub gone"
-    with pytest.raises(EngineFailure, match="not answering"):
-        _run(_client())
+def test_a_stalled_engine_is_told_to_stop(engines: Engines) -> None:
+    """spec_engine says nothing for longer than the stall timeout: the gate gives up (EngineFailure).
+    Before issue 26 only a client's cancellation sent the stop, so such a request kept the engine
+    busy, unread."""
+    engines.generation = engines.silent()
+    with pytest.raises(EngineFailure, match="no response"):
+        _run(_client(stall_s=0.1))  # under the fixture's PROBE_AFTER_S: no ping comes first
     assert engines.wait_stopped() == [engines.key_of_generation()]
+
+
+def test_an_engine_that_fails_its_ping_is_not_sent_a_stop(engines: Engines) -> None:
+    """A failed ping means the engine's process is dead or stuck: a stop could not reach it, and on a
+    dead stub each message waits out Triton's health check in the queue ahead of other requests' pings."""
+    engines.generation, engines.ping_error = engines.silent(), "Stub process 'spec_engine_0_0' is not healthy."
+    with pytest.raises(EngineGone, match="not answering"):
+        _run(_client())
+    time.sleep(0.3)  # a stop would be on its way by now
+    assert engines.stopped == []
+
+
+def test_silent_requests_on_a_dead_engine_all_fail_at_once(engines: Engines) -> None:
+    """Four silent baseline requests, a dead engine (each ping answered after 0.5 s, with an error):
+    every one of them fails on the ping of the first (SharedPing), and none sends a stop."""
+    def slow_dead_ping() -> Iterator[Any]:
+        time.sleep(0.5)
+        yield pb.InferenceResponse([], pb.TritonError("Stub process 'target_engine_0_0' is not healthy."))
+
+    engines.generation = engines.silent  # a fresh silent generation per request
+    engines.ping = slow_dead_ping
+    client = _client()
+    with ThreadPoolExecutor(4) as ex:
+        futures = [ex.submit(_run, client, "target_engine") for _ in range(4)]
+        errors = [f.exception(timeout=30) for f in futures]
+    assert all(isinstance(e, EngineGone) and "target_engine is not answering" in str(e) for e in errors), errors
+    time.sleep(0.3)
+    assert engines.stopped == []
+
+
+def test_callers_during_a_ping_share_it_and_a_later_caller_pings_again() -> None:
+    calls, release = [], threading.Event()
+
+    def ping() -> None:
+        calls.append(1)
+        release.wait()
+        raise EngineFailure("spec_engine is not answering: boom")
+
+    shared = SharedPing(ping)
+    entered = [threading.Event() for _ in range(4)]
+
+    def call(i: int) -> Exception | None:
+        entered[i].set()
+        try:
+            shared()
+        except Exception as exc:
+            return exc
+        return None
+
+    with ThreadPoolExecutor(4) as ex:
+        futures = [ex.submit(call, i) for i in range(4)]
+        for e in entered:
+            e.wait(10)
+        time.sleep(1.0)  # each has long since joined the flight (a few bytecodes after `entered`)
+        release.set()
+        errors = [f.result(timeout=10) for f in futures]
+    assert len(calls) == 1
+    assert all(isinstance(e, EngineGone) and str(e) == "spec_engine is not answering: boom" for e in errors)
+    assert len({id(e) for e in errors}) == 4  # one exception each: no traceback shared across threads
+    with pytest.raises(EngineGone):
+        shared()  # no verdict is kept: a later silence pings again
+    assert len(calls) == 2
 
 
 def test_a_gate_error_while_forwarding_stops_the_engine_request(engines: Engines) -> None:

@@ -6,7 +6,8 @@ invalid (the client's mistake), EngineRefused when spec_engine does (the gate se
 baseline, which refuses it in turn if the client is at fault; neither counts against a breaker),
 EngineFailure for the engine's failures (the gate falls back, and counts them), HandedOver when
 spec_engine stopped the request at the gate's request, Cancelled when the client went away. Whenever
-the gate stops reading a request the engine has not ended, it tells the engine to stop it.
+the gate stops reading a request the engine has not ended, it tells the engine to stop it, unless
+the engine failed its ping (EngineGone: it could not hear the stop either).
 
 CPU engines (`extensions`) also answer control messages (contract.PARAM_*): cancel a request by
 key, ping, hand over; every request to them carries the engine key (serving/engine_key.py).
@@ -19,6 +20,7 @@ import logging
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -44,6 +46,10 @@ class HandedOver(Exception):
     """spec_engine stopped the request early, as the gate asked: continue it on the baseline."""
 
 
+class EngineGone(EngineFailure):
+    """A silent engine failed its ping: its process is dead or stuck, and hears no message."""
+
+
 class EngineRefused(Exception):
     """spec_engine refused the request as invalid (INVALID_ARG): the client's mistake, or one of the
     deployment (an algorithm it has not loaded), never the engine failing."""
@@ -58,6 +64,44 @@ _GONE = ("is not healthy", "unknown model", "is not ready")
 def _failure(engine: str, message: str) -> EngineFailure:
     gone = any(m in message for m in _GONE)
     return EngineFailure(f"{engine} is not answering: {message}" if gone else f"{engine}: {message}")
+
+
+@dataclass
+class _Flight:
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+class SharedPing:
+    """Pings one engine for all of its silent requests: a caller that comes while a ping is in flight
+    waits for that ping's answer instead of sending its own. Why: Triton hands an engine its messages
+    one at a time, and to a dead stub each costs the Python backend's 1 s health check. N silent
+    requests sent N pings (and then N stop messages) down that queue, and on a 2-core EPYC the last
+    ping waited past CONTROL_TIMEOUT_S: its client heard "no response for 10 s", not that the engine
+    was gone. Raises EngineGone if the ping failed."""
+
+    def __init__(self, ping: Callable[[], None]) -> None:
+        self._ping = ping
+        self._lock = threading.Lock()
+        self._flight: _Flight | None = None
+
+    def __call__(self) -> None:
+        with self._lock:
+            flight, mine = self._flight, self._flight is None
+            if flight is None:
+                flight = self._flight = _Flight()
+        if mine:
+            try:
+                self._ping()
+            except Exception as exc:  # every waiter raises it, each as an exception of its own
+                flight.error = str(exc)
+            finally:
+                with self._lock:
+                    self._flight = None
+                flight.done.set()
+        flight.done.wait()  # the ping itself is bounded by CONTROL_TIMEOUT_S
+        if flight.error is not None:
+            raise EngineGone(flight.error)
 
 
 def _out(resp: Any, name: str) -> np.ndarray | None:
@@ -94,6 +138,7 @@ class EngineClient:
         # Stop messages for requests the gate gave up on, sent off the request's thread: an engine
         # that is gone makes each wait CONTROL_TIMEOUT_S, and the client must not wait with it.
         self._stopper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine-stop")
+        self._pings: dict[str, SharedPing] = {}  # engine -> its shared ping
 
     @property
     def speculating(self) -> int:
@@ -123,8 +168,8 @@ class EngineClient:
         req = self._request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key)
         speculative = engine == "spec_engine"
         stall_s = self.stall_timeout_s() if speculative else None
-        probe = (lambda: self.control(engine, {PARAM_PING: True})) if self.extensions else None
-        handed_over = ended = False  # ended: the engine finished the request, nothing left to stop
+        probe = self._shared_ping(engine) if self.extensions else None
+        handed_over = ended = False  # ended: the engine finished the request or cannot hear a stop
         if speculative:
             self._count_speculating(+1)
         try:
@@ -147,6 +192,9 @@ class EngineClient:
                     handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))
                 on_tokens(tokens, stats)
             ended = True
+        except EngineGone:
+            ended = True
+            raise
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
             raise _failure(engine, str(exc)) from exc
         finally:
@@ -169,6 +217,12 @@ class EngineClient:
                         raise EngineFailure(f"{engine} is not answering: {resp.error().message()}")
         except pb_utils.TritonModelException as exc:
             raise EngineFailure(f"{engine} is not answering: {exc}") from exc
+
+    def _shared_ping(self, engine: str) -> SharedPing:
+        with self._lock:
+            if engine not in self._pings:
+                self._pings[engine] = SharedPing(lambda: self.control(engine, {PARAM_PING: True}))
+            return self._pings[engine]
 
     def shutdown(self) -> None:
         self._stopper.shutdown(wait=False, cancel_futures=True)

@@ -209,4 +209,6 @@ class GateModel:
             key = int(key)
         except (TypeError, ValueError):
             return
-        self.live.cancel(str(key))
+        live = self.live.cancel(str(key))
+        # one line per cancelled request: the trail of a cancellation that did not stop its engine
+        log.info("client cancelled request %x: %s", key, "stopping it" if live else "not running (yet): stopped if it comes")

@@ -35,12 +35,14 @@ class LiveRequests:
         with self._lock:
             self._live.pop(key, None)
 
-    def cancel(self, key: str) -> None:
+    def cancel(self, key: str) -> bool:
+        """Cancel the request `key`; False if it has not arrived (then it is cancelled on arrival)."""
         with self._lock:
             request = self._live.get(key)
             if request is not None:
                 request.cancel()
-                return
+                return True
             self._early[key] = None
             if len(self._early) > self._remember:
                 self._early.popitem(last=False)
+            return False
