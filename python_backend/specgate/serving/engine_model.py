@@ -128,7 +128,11 @@ class ResponseStream:
     def is_cancelled(self) -> bool:
         if not (self.failed or self.cancelled) and time.monotonic() - self.polled >= CANCEL_POLL_S:
             self.polled = time.monotonic()
-            self.cancelled = self.sender.is_cancelled()  # the IPC: asked last, and not too often
+            # The IPC: asked last, and not too often. Only ever sets the flag: the gate's cancel()
+            # can land on the execute thread while this asks (the gate's BLS request itself is never
+            # flagged), and assigning the answer overwrote it: the engine ran to max_tokens.
+            if self.sender.is_cancelled():
+                self.cancelled = True
         return self.failed or self.cancelled
 
     def flush(self) -> None:
