@@ -63,7 +63,5 @@ class CancelRelay:
                 for resp in batch:
                     if resp.has_error():
                         log.warning("spec_gate refused a cancellation: %s", resp.error().message())
-                        return
-            log.info("passed a client's cancellation of request %x on to spec_gate", request_key)
         except Exception as exc:  # EngineFailure (no answer in time) or the BLS call failed: the request runs to its end
             log.warning("could not pass a cancellation on to spec_gate: %s", exc)
