@@ -20,6 +20,7 @@ from build.render_repository import engine_tensor_values, render
 from build.trtllm import build as trtllm
 from specgate.algorithms import EAGLE_HEAD_ALGORITHMS
 from specgate.decoding.config import EngineConfig
+from specgate.text.tokenizer import PromptTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD_DIR = ROOT / "heads" / "smollm2-135m-eagle"
@@ -81,15 +82,13 @@ def build_cpu(args: argparse.Namespace) -> None:
     spec_cfg = eng_dir / "spec_engine.json"
     spec_cfg.write_text(spec.model_dump_json(indent=2))
     print(f"[build-engines] engine configs in {eng_dir} ({common['backend']}, {model.name}, context {args.max_context})", flush=True)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = PromptTokenizer(tokenizer_dir, args.max_context - 1)  # what preprocessing serves with
     values = {
         "tokenizer_dir": str(tokenizer_dir),
         "max_input_len": str(args.max_context - 1),
         "max_output_len": str(args.max_output_len),
-        "end_id": str(tokenizer.eos_token_id),
-        "vocab_size": str(len(tokenizer)),  # ids the tokenizer can make; the gate refuses others
+        "end_id": str(tokenizer.eos_id),
+        "vocab_size": str(tokenizer.vocab_size),  # ids the tokenizer can make; the gate refuses others
         "policy_path": str((args.policy or ROOT / "policy" / "default.yaml").resolve()),
         "calibration_path": str(calibration),
         "text_instances": "2",

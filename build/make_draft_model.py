@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
-
 from build import hf_config
 
 DEFAULT_LAYERS = 4
@@ -43,6 +41,8 @@ def make_draft(target_dir: Path, out_dir: Path, layers: int) -> None:
             if hf_config.ensure_classic(out_dir):  # written by an older version of this step
                 _log(f"rewrote {out_dir / 'config.json'} in the classic Llama layout")
             return
+    from safetensors.torch import load_file, save_file  # torch: only when a draft is written
+
     _log(f"reading {target_dir}")
     state = {}
     for f in sorted(target_dir.glob("*.safetensors")):
@@ -67,7 +67,7 @@ def _gguf_layers(path: Path) -> int | None:
 
     import llama_cpp as L
 
-    from specgate.decoding.llamacpp_target import quiet_logs
+    from specgate.decoding.llamacpp_native import quiet_logs
 
     quiet_logs(L)
     params = L.llama_model_default_params()

@@ -136,7 +136,8 @@ def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa
     """llama.cpp's per-token embeddings (pooling none) are the final-norm hidden states the EAGLE head
     was trained on: close to the PyTorch reference's on the same weights (llama.cpp multiplies with
     8-bit activations), and projected on the output table they give llama.cpp's own logits (to the
-    rounding of its 8-bit output matmul)."""
+    rounding of its 8-bit output matmul). The tables, read from the GGUF by ggml's reader, are the
+    checkpoint's exactly: transformers dequantized the same file into it."""
     from specgate.decoding.torch_target import TorchTarget
 
     rng = random.Random(2)
@@ -147,7 +148,8 @@ def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa
     _, ref_hidden = reference.prefill(0, prompt, features=True)
     cos = torch.nn.functional.cosine_similarity(hidden, ref_hidden, dim=-1)
     assert hidden.shape == ref_hidden.shape and cos.min() > 0.99
-    _, lm_head = target.embeddings()
+    embed, lm_head = target.embeddings()
+    assert all(torch.equal(ours, ref) for ours, ref in zip((embed, lm_head), reference.embeddings()))
     implied = hidden[-1] @ lm_head.T
     assert (implied - logits).abs().max() < 0.5 and implied.argmax() == logits.argmax()
 

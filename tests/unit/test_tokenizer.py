@@ -45,6 +45,7 @@ def test_prompts_and_encodes_are_transformers(ours, reference) -> None:  # noqa:
         assert ours.encode_prompt(text) == list(chat), text
         assert ours.encode_prompt(text, chat=False) == reference.encode(text, add_special_tokens=False), text
     assert ours.eos_id == reference.eos_token_id
+    assert ours.vocab_size == len(reference)  # build_engines renders it as the gate's vocab_size
 
 
 def test_conversations_render_as_transformers(ours, reference) -> None:  # noqa: ANN001

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specgate.machine import machine
+
+if TYPE_CHECKING:  # torch is imported where a dtype is resolved: rendering a repository needs none of it
+    import torch
 
 Backend = Literal["llamacpp", "torch"]
 DType = Literal["auto", "bfloat16", "float32"]
@@ -62,6 +64,8 @@ class EngineConfig(BaseModel):
     @property
     def torch_dtype(self) -> torch.dtype:
         """The resolved dtype: bf16 is emulated (and slower than fp32) on CPUs without native bf16."""
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if machine().native_bf16 else torch.float32
         return getattr(torch, self.dtype)

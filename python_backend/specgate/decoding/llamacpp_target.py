@@ -32,7 +32,6 @@ decodes the cores belong to the rest of the server (docs/engines.md, "Threads").
 from __future__ import annotations
 
 import ctypes
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,11 +42,9 @@ import torch
 from torch import Tensor
 
 from specgate.decoding.compute_lock import compute_lock
-from specgate.decoding.llamacpp_native import native
+from specgate.decoding.llamacpp_native import native, quiet_logs
 from specgate.decoding.target import Target, TargetInfo
 from specgate.decoding.tree import DraftTree
-
-log = logging.getLogger(__name__)
 
 N_BATCH = 512  # tokens per decode call; longer prompts are fed in chunks
 POLL = 0  # how long the pool's idle workers spin after a decode (0..100): not at all
@@ -57,18 +54,6 @@ def _llama_cpp():  # imported lazily: the torch engine and the gate never need i
     import llama_cpp
 
     return llama_cpp
-
-
-_LOG_CALLBACK = None  # kept alive: llama.cpp calls it from C
-
-
-def quiet_logs(L) -> None:  # type: ignore[no-untyped-def]
-    """Route llama.cpp's own log lines to logging at debug level (they go to stderr otherwise)."""
-    global _LOG_CALLBACK
-    if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = L.llama_log_callback(lambda level, text, _: log.debug(text.decode(errors="replace").rstrip()))
-        L.llama_log_set(_LOG_CALLBACK, None)
-        L.llama_backend_init()
 
 
 @dataclass
@@ -332,14 +317,15 @@ class LlamaCppTarget(Target):
     def embeddings(self) -> tuple[Tensor, Tensor]:
         """The GGUF's token embedding and output tables, dequantized (the output is the embedding when tied)."""
         if self._tables is None:
-            from gguf import GGUFReader
+            from gguf import GGMLQuantizationType
             from gguf.quants import dequantize
 
-            tensors = {t.name: t for t in GGUFReader(self.gguf).tensors}
+            tensors = native().gguf_tensors(self.gguf, ["token_embd.weight", "output.weight"])
 
             def table(name: str) -> Tensor:
                 t = tensors[name]
-                return torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+                rows = np.memmap(self.gguf, np.uint8, "r", offset=t.offset, shape=(t.nbytes,)).reshape(self.info.vocab_size, -1)
+                return torch.from_numpy(np.ascontiguousarray(dequantize(rows, GGMLQuantizationType(t.ggml_type)), dtype=np.float32))
 
             embed = table("token_embd.weight")
             self._tables = (embed, table("output.weight") if "output.weight" in tensors else embed)

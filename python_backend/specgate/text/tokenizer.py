@@ -41,6 +41,11 @@ class PromptTokenizer:
             raise ValueError("the tokenizer's config names no eos_token in its vocabulary")
         return eos
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids this tokenizer can produce, added tokens included (transformers' `len(tokenizer)`)."""
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
     @staticmethod
     def decode_utf8(raw: bytes, field: str = "text_input") -> str:
         """`raw` as text; InvalidInput naming `field` (the input it came from) if it is not UTF-8."""
