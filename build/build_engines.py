@@ -83,11 +83,15 @@ def build_cpu(args: argparse.Namespace) -> None:
     spec_cfg.write_text(spec.model_dump_json(indent=2))
     print(f"[build-engines] engine configs in {eng_dir} ({common['backend']}, {model.name}, context {args.max_context})", flush=True)
     tokenizer = PromptTokenizer(tokenizer_dir, args.max_context - 1)  # what preprocessing serves with
+    try:
+        end_id = tokenizer.eos_id
+    except ValueError as exc:
+        raise SystemExit(f"[build-engines] error: {tokenizer_dir}: {exc}") from None
     values = {
         "tokenizer_dir": str(tokenizer_dir),
         "max_input_len": str(args.max_context - 1),
         "max_output_len": str(args.max_output_len),
-        "end_id": str(tokenizer.eos_id),
+        "end_id": str(end_id),
         "vocab_size": str(tokenizer.vocab_size),  # ids the tokenizer can make; the gate refuses others
         "policy_path": str((args.policy or ROOT / "policy" / "default.yaml").resolve()),
         "calibration_path": str(calibration),
