@@ -19,7 +19,7 @@ from specgate.contract import PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_PING, PARAM_
 from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Decision  # noqa: E402
 from specgate.serving import bls  # noqa: E402
-from specgate.serving.bls import EngineFailure  # noqa: E402
+from specgate.serving.bls import EngineFailure, Silent  # noqa: E402
 from specgate.serving.engine_client import EngineClient, EngineGone, EngineRefused, SharedPing  # noqa: E402
 from specgate.serving.engine_key import EngineKey  # noqa: E402
 from specgate.serving.llm_request import LLMRequest  # noqa: E402
@@ -207,3 +207,22 @@ def test_refusals_failures_and_dead_engines_are_told_apart(engines: Engines, eng
         _run(_client(), engine)
     time.sleep(0.3)
     assert engines.stopped == []  # it answered with its final (error) response: nothing to stop
+
+
+def test_a_ping_that_heard_nothing_is_sent_once_more() -> None:
+    """A ping handed to a stub as it is killed is never answered: the second ping's verdict counts
+    (a dead stub fails it; a live one that answers it is alive)."""
+    answers = iter([Silent("target_engine: no response for 10 s"), EngineFailure("target_engine is not answering: Stub process is not healthy")])
+
+    def ping() -> None:
+        raise next(answers)
+
+    with pytest.raises(EngineGone, match="is not answering: Stub process"):
+        SharedPing(ping)()
+    silent_once = iter([Silent("spec_engine: no response for 10 s"), None])
+
+    def ping_then_answer() -> None:
+        if (e := next(silent_once)) is not None:
+            raise e
+
+    SharedPing(ping_then_answer)()  # answered the second time: alive, no error

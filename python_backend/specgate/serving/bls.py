@@ -24,6 +24,10 @@ class EngineFailure(RuntimeError):
     """The engine failed (not the client's fault): fall back if possible."""
 
 
+class Silent(EngineFailure):
+    """The engine gave no sign of life for the whole time allowed."""
+
+
 class Cancelled(Exception):
     """The client cancelled the request: stop serving it."""
 
@@ -73,7 +77,7 @@ def responses(
     forwarded (so a slow client path gets fewer, larger responses instead of a growing backlog).
 
     Raises Cancelled once `cancelled` is set (checked every TICK_S and before each list),
-    EngineFailure if the engine gives no sign of life for `stall_s` seconds (None: no limit), and
+    Silent (an EngineFailure) if the engine gives no sign of life for `stall_s` seconds (None: no limit), and
     whatever `probe` raises, which is called after every PROBE_AFTER_S of silence. A probe that
     returns is a sign of life: a slow engine that answers it is not stalled (a non-streamed request
     hears nothing else until its end). `on_idle` runs every TICK_S of silence.
@@ -102,7 +106,7 @@ def responses(
         except queue.Empty:
             now = time.monotonic()
             if stall_s is not None and now - heard > stall_s:
-                raise EngineFailure(f"{engine}: no response for {stall_s:.0f} s") from None
+                raise Silent(f"{engine}: no response for {stall_s:.0f} s") from None
             if probe is not None and now - heard > PROBE_AFTER_S:
                 probe()
                 heard = time.monotonic()  # it answered: alive, only slow

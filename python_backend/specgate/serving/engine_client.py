@@ -32,7 +32,7 @@ from specgate.contract import (
 )
 from specgate.errors import InvalidInput
 from specgate.gate import Decision
-from specgate.serving.bls import EngineFailure, responses
+from specgate.serving.bls import EngineFailure, Silent, responses
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.llm_request import LLMRequest
 from specgate.stats import SpecStats
@@ -78,7 +78,10 @@ class SharedPing:
     one at a time, and to a dead stub each costs the Python backend's 1 s health check. N silent
     requests sent N pings (and then N stop messages) down that queue, and on a 2-core EPYC the last
     ping waited past CONTROL_TIMEOUT_S: its client heard "no response for 10 s", not that the engine
-    was gone. Raises EngineGone if the ping failed."""
+    was gone. A ping that heard nothing at all is sent once more: one handed to a stub as it was
+    killed is never answered nor failed (Triton fails only the messages handed over after the death,
+    seen on a slow 2-core EPYC: clients heard "no response for 10 s" 13 s after a kill that met the
+    first ping), and the second fails within the health check. Raises EngineGone if the ping failed."""
 
     def __init__(self, ping: Callable[[], None]) -> None:
         self._ping = ping
@@ -92,7 +95,10 @@ class SharedPing:
                 flight = self._flight = _Flight()
         if mine:
             try:
-                self._ping()
+                try:
+                    self._ping()
+                except Silent:
+                    self._ping()
             except Exception as exc:  # every waiter raises it, each as an exception of its own
                 flight.error = str(exc)
             finally:
