@@ -123,7 +123,7 @@ def main() -> None:
                     help="llama.cpp's batch-invariant mode: greedy output identical across routes, budgets and batches (docs/engines.md, 'Exact greedy')")
     ap.add_argument("--stream-interval-ms", type=float, default=EngineConfig.model_fields["stream_interval_ms"].default,
                     help="streamed responses at most this often; 0 = one per decode step")
-    ap.add_argument("--calibration-override", default=None, help="JSON of specgate.cost_model.calibration.CalibrationOverride: measurements spec_engine pins (tests)")
+    ap.add_argument("--calibration-override", default=None, help="JSON of specgate.decoding.config.CalibrationOverride: measurements spec_engine pins (tests)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)
     args = ap.parse_args()

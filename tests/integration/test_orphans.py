@@ -21,7 +21,7 @@ import pytest
 
 from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate_launcher import Ports, start, stop, wait_ready
-from tests.conftest import FREE_DRAFTING, ROOT, TEST_OUT
+from tests.conftest import PINNED_DRAFTING, ROOT, TEST_OUT
 from tests.integration.conftest import free_port
 
 OUT = TEST_OUT.parent / "test-orphans"
@@ -35,7 +35,7 @@ def repository(checkpoint: Path) -> Path:
         shutil.copy(ROOT / "tests" / "integration" / name, OUT / name)
     subprocess.run(
         [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(OUT), "--policy", str(OUT / "policy.yaml"),
-         "--calibration-override", FREE_DRAFTING],
+         "--calibration-override", PINNED_DRAFTING],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     return OUT / "model_repository"
@@ -109,7 +109,7 @@ def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repositor
         deadline = time.monotonic() + 900
         while "[serve] ready" not in log.read_text():
             assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
+            time.sleep(0.2)
         ours = _descendants(launcher.pid)
         kinds = [_cmdline(p) for p in ours]
         assert sum("tritonserver " in k for k in kinds) == 1 and sum("specgate_front" in k for k in kinds) == 1, kinds

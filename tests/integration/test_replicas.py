@@ -31,7 +31,7 @@ from loadtest.metrics import scrape, value
 from specgate_deploy.state import ClusterState, read_state
 from specgate_deploy.tools import INSTALL_HINT, which
 from specgate_launcher import wait_calibrated
-from tests.conftest import FREE_DRAFTING, ROOT, require_checkpoint
+from tests.conftest import PINNED_DRAFTING, ROOT, require_checkpoint
 from tests.unit.test_deploy_promql import dashboard_queries, promql
 
 pytestmark = [
@@ -114,7 +114,7 @@ def cluster() -> Iterator[Cluster]:
     policy = OUT / "policy.yaml"
     policy.write_text(POLICY)
     subprocess.run([sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(OUT), "--policy", str(policy),
-                    "--calibration-override", FREE_DRAFTING], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                    "--calibration-override", PINNED_DRAFTING], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     base = _free_block(40)
     state_file, run_dir = OUT / "replicas.json", OUT / "run"
     state_file.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specgate.cost_model.measure import measure
+from specgate.decoding.config import CalibrationOverride
 from specgate.decoding.target import Target, TargetInfo
 from specgate.decoding.tree import DraftTree
 
@@ -62,3 +63,22 @@ def test_a_draft_is_charged_its_decode_and_the_replanning_it_causes() -> None:
     for t in (2, 4, 8):  # its own re-plan, and the plain step's after it
         assert curve.cost(t) == pytest.approx(PER_TOKEN_MS * t + 2 * REPLAN_MS)
     assert curve.context == 32 and target.contexts == {32}  # every decode at the same context
+
+
+def test_a_fully_pinned_calibration_measures_nothing_and_waits_for_no_quiet_machine(monkeypatch) -> None:  # noqa: ANN001
+    """Replicas on one machine each wait for the other to go quiet before measuring; with the shape,
+    the scale and every drafter pinned there is nothing to measure, so neither waits."""
+    import specgate.cost_model.measure as m
+
+    class Untouchable(ScriptedTarget):
+        def verify(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            raise AssertionError("a pinned calibration decoded")
+
+        extend = verify
+
+    monkeypatch.setattr(m, "wait_until_idle", lambda **kw: pytest.fail("a pinned calibration waited for a quiet machine"))
+    override = CalibrationOverride(cost_ratios={1: 1.0, 8: 2.0}, base_ms=4.0, draft_ms={"ngram": 0.5})
+    cal = m.calibrate(Untouchable(), {"ngram": object()}, override, idle_timeout_s=30)
+    assert cal.curve.cost(1) == pytest.approx(4.0) and cal.curve.cost(8) == pytest.approx(8.0) and not cal.curve.measured
+    with pytest.raises(ValueError, match="cost_ratios"):
+        CalibrationOverride(base_ms=4.0)

@@ -145,14 +145,17 @@ def calibrate(
     target: Target, drafters: Mapping[str, Proposer], override: CalibrationOverride | None = None, idle_timeout_s: float = 0.0
 ) -> Calibration:
     """Measure the curve and every drafter's cost on `target` (slot 0, idle), except what `override` pins.
-    `idle_timeout_s` > 0: first wait (that long at most) until nothing else computes on the machine."""
+    `idle_timeout_s` > 0: first wait (that long at most) until nothing else computes on the machine,
+    unless `override` pins everything (then nothing is measured)."""
     start = time.perf_counter()
     override = override or CalibrationOverride()
-    if idle_timeout_s > 0:
+    pinned = bool(override.cost_ratios) and override.base_ms is not None and set(drafters) <= set(override.draft_ms)
+    if idle_timeout_s > 0 and not pinned:
         busy = wait_until_idle(timeout_s=idle_timeout_s)
         log.info("calibrating after %.0f s (machine %.0f%% busy)", time.perf_counter() - start, 100 * busy)
     if override.cost_ratios:
-        curve = CostCurve.of_ratios(override.cost_ratios, base_ms=measure_checked(target, sizes=(1,)).ms[0])
+        base_ms = override.base_ms if override.base_ms is not None else measure_checked(target, sizes=(1,)).ms[0]
+        curve = CostCurve.of_ratios(override.cost_ratios, base_ms=base_ms)
     else:
         curve = measure_checked(target)
     draft_ms = {

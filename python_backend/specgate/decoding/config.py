@@ -19,13 +19,21 @@ DType = Literal["auto", "bfloat16", "float32"]
 
 class CalibrationOverride(BaseModel):
     """Pinned measurements, for tests or an operator who distrusts a measurement: the curve's shape
-    as cost ratios {tokens: cost(T)/cost(1)} (its scale, the one-token time, is still measured, since
-    drafting times are real milliseconds), and drafting times by algorithm."""
+    as cost ratios {tokens: cost(T)/cost(1)}, its scale `base_ms` (the one-token time; measured unless
+    pinned, since drafting times are real milliseconds), and drafting times by algorithm. With all
+    three pinned nothing is measured, so the engine does not wait for a quiet machine either."""
 
     model_config = ConfigDict(extra="forbid")
 
     cost_ratios: dict[int, float] | None = None
+    base_ms: float | None = Field(None, gt=0)
     draft_ms: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _scale_of_a_shape(self) -> "CalibrationOverride":
+        if self.base_ms is not None and not self.cost_ratios:
+            raise ValueError("base_ms scales the pinned cost_ratios: pin cost_ratios too")
+        return self
 
 
 class EngineConfig(BaseModel):
