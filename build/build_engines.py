@@ -82,7 +82,7 @@ def build_cpu(args: argparse.Namespace) -> None:
     spec_cfg = eng_dir / "spec_engine.json"
     spec_cfg.write_text(spec.model_dump_json(indent=2))
     print(f"[build-engines] engine configs in {eng_dir} ({common['backend']}, {model.name}, context {args.max_context})", flush=True)
-    tokenizer = PromptTokenizer(tokenizer_dir, args.max_context - 1)  # what preprocessing serves with
+    tokenizer = PromptTokenizer(tokenizer_dir, args.max_context - 1, chat=False)  # what preprocessing serves with; its EOS and vocabulary
     try:
         end_id = tokenizer.eos_id
     except ValueError as exc:

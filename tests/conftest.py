@@ -31,8 +31,9 @@ TEST_OUT = ROOT / "artifacts" / "test-fp32"
 TEST_POLICY = TEST_OUT / "policy.yaml"
 FREE_DRAFTING = json.dumps({"cost_ratios": {"1": 1.0, "32": 1.0}, "draft_ms": {a: 0.0 for a in SPEC_ALGORITHMS}})
 # ... with its scale pinned too: nothing is left to measure, so spec_engine publishes at once instead of
-# waiting for a quiet machine (two replicas on one machine each waited 30 s for the other, issue 28).
-# For servers whose tests are not about the measured one-token time.
+# waiting for a quiet machine (two replicas on one machine each waited 30 s for the other, issue 28),
+# also after test_gate_failover reloads it. The suite's servers; what they measure when asked is
+# test_calibration's, and a repository rendered without an override (test_user_gguf) measures at load.
 PINNED_DRAFTING = json.dumps({**json.loads(FREE_DRAFTING), "base_ms": 10.0})
 TEST_KEYS = TEST_OUT / "tenants.yaml"  # the key file TEST_POLICY names
 # The test server's engines take turns on a lock of their own, not the machine's: a test that holds it
@@ -87,7 +88,7 @@ def server(checkpoint: Path):
     shutil.copy(ROOT / "tests" / "integration" / "tenants.yaml", TEST_KEYS)
     subprocess.run(
         [sys.executable, "-m", "build.build_engines", "--dtype", "float32", "--out-dir", str(TEST_OUT), "--policy", str(TEST_POLICY),
-         "--calibration-override", FREE_DRAFTING],
+         "--calibration-override", PINNED_DRAFTING],  # test_calibration measures through this server
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))

@@ -4,7 +4,7 @@ The curve shape is pinned with the control message (clients/calibrate.py does th
 behaviour is the same on every machine: where T tokens cost T times one token nothing is drafted
 (the response says budget 0), where verification is free the full k is. A plain re-measurement
 publishes the machine's own curve as a gauge and in the file the gate reads. The suite's free
-drafting is put back at the end.
+calibration is put back at the end.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from specgate.cost_model.calibration import Calibration
 from specgate_client import GenerateParams, calibrate
 from specgate_launcher import engine_key
 from specgate.contract import VERIFY_COST_METRIC
-from tests.conftest import FREE_DRAFTING, TEST_OUT
+from tests.conftest import FREE_DRAFTING, PINNED_DRAFTING, TEST_OUT
 from tests.integration.test_gate import ECHO
 
 CALIBRATION = TEST_OUT / "engines" / "cpu" / "calibration.json"
@@ -57,5 +57,5 @@ def test_budget_follows_the_cost_curve(http, server) -> None:  # noqa: ANN001
         assert set(measured.algorithms) == set(SPEC_ALGORITHMS)
         gauge = _gauge(server.metrics)
         assert [gauge[t] for t in measured.curve.tokens] == pytest.approx([m / 1000 for m in measured.curve.ms], rel=1e-3)
-    finally:
-        calibrate(url, json.loads(FREE_DRAFTING), engine_key=engine_key())
+    finally:  # the suite's calibration back
+        calibrate(url, json.loads(PINNED_DRAFTING), engine_key=engine_key())

@@ -56,7 +56,9 @@ def test_auto_keeps_the_circuit_closed_and_free_drafting_opens_it_for_a_bad_draf
     state, rates = _state(gen, measured, tok, auto)
     assert state is BreakerState.CLOSED, f"{auto} on {measured.summary()}: acceptance {rates}"
 
-    free = calibrate(target, drafters, CalibrationOverride(cost_ratios={1: 1.0, 32: 1.0}, draft_ms={n: 0.0 for n in drafters}))
+    # flat and free at the scale just measured: nothing to measure again
+    flat = CalibrationOverride(cost_ratios={1: 1.0, 32: 1.0}, base_ms=measured.curve.cost(1), draft_ms={n: 0.0 for n in drafters})
+    free = calibrate(target, drafters, flat)
     gen = SpeculativeGenerator(target, drafters, free.curve)
     for name in free.algorithms:
         gen.draft_cost[name] = free.draft_cost(name)

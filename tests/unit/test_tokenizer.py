@@ -71,3 +71,14 @@ def test_the_text_stubs_start_without_torch() -> None:
     fake = "import sys, fake_pb_utils; sys.modules['triton_python_backend_utils'] = fake_pb_utils"
     out = subprocess.run([sys.executable, "-c", f"{fake}; {code}"], cwd=ROOT, env={"PYTHONPATH": path}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_tokenizer_that_renders_no_chat_imports_no_transformers_and_renders_one_on_demand(checkpoint, ours) -> None:  # noqa: ANN001
+    """postprocessing and a repository render only decode or read ids: they skip transformers' import
+    (about 1.3 s of CPU per process), and a chat rendered after all is the same."""
+    code = (f"import sys; sys.path[:0] = [{str(ROOT / 'python_backend')!r}]; from specgate.text.tokenizer import PromptTokenizer; "
+            f"t = PromptTokenizer({str(checkpoint)!r}, 10**6, chat=False); print('transformers' in sys.modules, t.eos_id, t.vocab_size); "
+            "print(repr(t.render_chat([{'role': 'user', 'content': 'Hello there'}])))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == f"False {ours.eos_id} {ours.vocab_size}"
+    assert out[1] == repr(ours.render_chat([{"role": "user", "content": "Hello there"}]))

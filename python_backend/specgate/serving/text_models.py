@@ -66,7 +66,7 @@ class PostprocessingModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
         watch_parent()
-        self.tok = PromptTokenizer(_params(args)["tokenizer_dir"], 1)
+        self.tok = PromptTokenizer(_params(args)["tokenizer_dir"], 1, chat=False)  # it only decodes
         self.relay = CancelRelay(EngineKey.from_env())
 
     def execute(self, requests: list[Any]) -> None:

@@ -7,12 +7,13 @@ server's start-up CPU. tests/unit/test_tokenizer.py holds this to AutoTokenizer'
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 from tokenizers import Tokenizer
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from specgate.errors import InvalidInput
 from specgate.text.stop_words import stop_words_list
@@ -24,7 +25,11 @@ class PromptTokenizer:
     """The checkpoint directory's tokenizer (`tokenizer.json`, `tokenizer_config.json` and the chat
     template, as `save_pretrained` writes them)."""
 
-    def __init__(self, checkpoint_dir: str | Path, max_input_len: int) -> None:
+    def __init__(self, checkpoint_dir: str | Path, max_input_len: int, chat: bool = True) -> None:
+        """`chat`: load the chat-template renderer now, not at the first `render_chat` (False where
+        no chat is ever rendered: postprocessing, a repository render)."""
+        if chat:
+            _chat_renderer()
         root = Path(checkpoint_dir)
         self.tok = Tokenizer.from_file(str(root / "tokenizer.json"))
         config = json.loads((root / "tokenizer_config.json").read_text())
@@ -66,7 +71,7 @@ class PromptTokenizer:
         """The chat template over `messages`, ending with the assistant's turn to speak."""
         if self.chat_template is None:
             raise InvalidInput("this model has no chat template: send apply_chat_template=false")
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self.special)
+        rendered, _ = _chat_renderer()(conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self.special)
         return rendered[0]
 
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
@@ -81,3 +86,13 @@ class PromptTokenizer:
     def stop_words_list(self, stops: list[str]) -> np.ndarray:
         """`stops` in TensorRT-LLM's stop_words_list layout."""
         return stop_words_list([self.encode(s) for s in stops if s])
+
+
+@functools.cache
+def _chat_renderer() -> Callable[..., Any]:
+    """transformers' own chat-template renderer, imported when first wanted: importing transformers
+    costs about 1.3 s of CPU (2-core EPYC), paid by every server start's three text stubs and its
+    repository render, of which only preprocessing renders chats."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    return render_jinja_template
