@@ -1,6 +1,6 @@
 """`make bench` report: one Markdown file + PNG plots in results/report/, from real runs through Triton.
 
-    python -m bench.report [--concurrency 1,2,4,8] [--max-tokens 48] [--per-worker 3]
+    python -m bench.report [--concurrency 1,2,4,8] [--max-tokens 48] [--per-worker 3] [--repeats 1]
 
 Starts its own tritonserver (the default engines, rendered into artifacts/report/ with a copy of
 policy/default.yaml, on ports 38010-38012) and drives it with a closed loop of HTTP generate_stream
@@ -14,6 +14,10 @@ level the first three run in a rotated order, so drift in the machine's load hit
   opens, and an API key of its own (a fresh breaker): speculation with no gates.
 - mixed-temperature: as gated, half the requests at T >= 0.9 (one concurrency level, last, for the
   gate's reasons).
+
+With --repeats R the plan of the first three runs R times, each time in another rotation; the tables
+pool each scenario's R cells at a concurrency, and the c=8 batching check gives the median and the
+range of the R ratios c=8 / c=1 (each repeat's c=1 and c=8 baseline cells were measured minutes apart).
 
 Per cell: TTFT, TPOT and tokens/s as `loadtest.measure` defines them (the Locust users use the same
 code), throughput = output tokens / the cell's wall time, and deltas of the gate's counters on the
@@ -71,6 +75,7 @@ class Cell:
     wall_s: float
     samples: list[Sample]
     gate: dict[str, dict[str, float]]
+    repeat: int = 0
 
     @property
     def ok(self) -> list[Sample]:
@@ -160,12 +165,12 @@ def closed_loop(url: str, specs: list[RequestSpec], concurrency: int) -> tuple[l
     return out, time.perf_counter() - t0
 
 
-def run_cell(scenario: str, c: int, ports: Any, args: argparse.Namespace) -> Cell:
+def run_cell(scenario: str, c: int, ports: Any, args: argparse.Namespace, repeat: int = 0) -> Cell:
     murl = f"http://localhost:{ports.metrics}/metrics"
     before = metrics.scrape(murl)
     samples, wall = closed_loop(f"localhost:{ports.http}", requests_for(scenario, max(6, args.per_worker * c), args.max_tokens), c)
-    cell = Cell(scenario, c, wall, samples, metrics.gate_deltas(before, metrics.scrape(murl)))
-    print(f"[report] {scenario:<17} c={c}: {len(cell.ok)} ok, {cell.errors} errors, TPOT {spread(cell.tpot_ms())} ms, "
+    cell = Cell(scenario, c, wall, samples, metrics.gate_deltas(before, metrics.scrape(murl)), repeat)
+    print(f"[report] {scenario:<17} c={c}{f' (repeat {repeat + 1})' if args.repeats > 1 and scenario in SERIES else ''}: {len(cell.ok)} ok, {cell.errors} errors, TPOT {spread(cell.tpot_ms())} ms, "
           f"{cell.throughput:.1f} tok/s, speculative {cell.speculative_share:.0%}, {wall:.0f}s", flush=True)
     return cell
 
@@ -178,6 +183,20 @@ def head_stamp(head_dir: str | None) -> str | None:
         return None
     stamp = datetime.fromtimestamp(files[0].stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"{Path(head_dir).relative_to(ROOT) if Path(head_dir).is_relative_to(ROOT) else head_dir} (written {stamp})"
+
+
+def pooled(cells: list[Cell]) -> list[Cell]:
+    """One cell per (scenario, concurrency): the repeats' samples together, their walls and gate deltas summed."""
+    out: dict[tuple[str, int], Cell] = {}
+    for c in cells:
+        p = out.setdefault((c.scenario, c.concurrency), Cell(c.scenario, c.concurrency, 0.0, [], {}))
+        p.wall_s += c.wall_s
+        p.samples += c.samples
+        for key, deltas in c.gate.items():
+            total = p.gate.setdefault(key, {})
+            for k, v in deltas.items():
+                total[k] = total.get(k, 0.0) + v
+    return list(out.values())
 
 
 def summed(cells: list[Cell], key: str) -> dict[str, float]:
@@ -263,8 +282,8 @@ def pct(a: float, b: float) -> str:
     return f"{100 * (a / b - 1):+.1f}%" if b and not math.isnan(b) else "n/a"  # b = 0 when every request of a cell failed
 
 
-def checks(cells: list[Cell], levels: list[int]) -> list[str]:
-    """The issue's two claims, stated from this run's medians."""
+def checks(cells: list[Cell], levels: list[int], repeats: list[Cell]) -> list[str]:
+    """The issue's claims, stated from this run's medians (`cells` pooled over the `repeats`)."""
     get = {(c.scenario, c.concurrency): c for c in cells}
     out = ["Gated vs baseline at each concurrency (TPOT: lower is better; throughput: higher is better):", ""]
     worse = []
@@ -277,11 +296,13 @@ def checks(cells: list[Cell], levels: list[int]) -> list[str]:
                    f"throughput {g.throughput:.1f} vs baseline {b.throughput:.1f} ({pct(g.throughput, b.throughput)}) and "
                    f"speculative {s.throughput:.1f}; gated served {g.speculative_share:.0%} speculative")
     out += ["", f"**Gated never worse than baseline (TPOT and throughput within {TOLERANCE:.0%}): "
-            f"{'yes' if not worse else 'NO at c=' + ', '.join(map(str, worse))}** (medians of one cell each; the machine's noise is of that order)."]
+            f"{'yes' if not worse else 'NO at c=' + ', '.join(map(str, worse))}** (medians of each scenario's pooled cells; the machine's noise is of that order)."]
     if {1, 8} <= set(levels):
-        b1, b8 = get[("baseline", 1)], get[("baseline", 8)]
-        out.append(f"**The baseline through Triton, {batching_check(b8.throughput / b1.throughput, calibrated_curve())}** "
-                   "(one cell each; the curve is spec_engine's calibration of this server.)")
+        base = {(c.repeat, c.concurrency): c.throughput for c in repeats if c.scenario == "baseline"}
+        ratios = [base[(r, 8)] / base[(r, 1)] for r in sorted({r for r, _ in base})]
+        note = "one cell each" if len(ratios) == 1 else f"median of {len(ratios)} repeats, [{min(ratios):.2f}-{max(ratios):.2f}]x"
+        out.append(f"**The baseline through Triton, {batching_check(median(ratios), calibrated_curve())}** "
+                   f"({note}; the curve is spec_engine's calibration of this server.)")
     if 1 in levels:
         g, s = median(get[("gated", 1)].tpot_ms()), median(get[("speculative", 1)].tpot_ms())
         out.append(f"**Single stream (c=1, T=0): gated TPOT {g:.1f} ms vs speculative {s:.1f} ms ({pct(g, s)}): "
@@ -328,7 +349,8 @@ def included(name: str) -> tuple[list[str], dict | None]:
     return lines, json.loads(js.read_text())
 
 
-def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace, meta: dict[str, Any]) -> Path:
+def write_report(repeats: list[Cell], levels: list[int], args: argparse.Namespace, meta: dict[str, Any]) -> Path:
+    cells = pooled(repeats)
     md = [
         "# specgate report: load, gate and acceptance through Triton", "",
         f"- date: {meta['date']}; {meta['minutes']:.1f} min of measurement",
@@ -338,7 +360,8 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
         f"- engines: {meta['engine']['backend']} ({meta['engine']['model']}), dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
         f"{meta['k'] or 'the engine default of'} draft tokens; baseline engine batches up to 8, the speculative engine serves one sequence at a time",
         f"- requests: greedy (T=0) except mixed-temperature, up to {args.max_tokens} new tokens, HTTP generate_stream, "
-        f"loadtest's built-in prompt mix (loadtest/workloads.py), max(6, {args.per_worker} x c) requests per cell, closed loop",
+        f"loadtest's built-in prompt mix (loadtest/workloads.py), max(6, {args.per_worker} x c) requests per cell, closed loop"
+        + (f"; {args.repeats} repeats of every cell but mixed-temperature, pooled in the tables" if args.repeats > 1 else ""),
         "- TPOT = (last chunk - first token) / (tokens - 1) per request; TTFT = first token; throughput = output tokens / cell wall time",
         f"- reproduce: `make bench` (report step: `{meta['command']}`)",
     ]
@@ -354,7 +377,7 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
     for c in sorted(cells, key=lambda c: (c.scenario, c.concurrency)):
         md.append(f"| {c.scenario} | {c.concurrency} | {len(c.samples)} | {c.errors} | {c.speculative_share:.0%} | "
                   f"{median(c.ttft_ms()):.0f} | {spread(c.tpot_ms())} | {c.throughput:.1f} |")
-    md += ["", "## Checks", "", *checks(cells, levels), "", *why_defaults(meta), ""]
+    md += ["", "## Checks", "", *checks(cells, levels, repeats), "", *why_defaults(meta), ""]
 
     decisions = {sc: summed([c for c in cells if c.scenario == sc], "decisions") for sc in dict.fromkeys(c.scenario for c in cells)}
     md += ["## Gate decisions by reason", "", "Deltas of `spec_gate_decisions_total{route,reason}` over each scenario's cells.", "",
@@ -389,7 +412,7 @@ def write_report(cells: list[Cell], levels: list[int], args: argparse.Namespace,
 
     path = OUT / "report.md"
     path.write_text("\n".join(md) + "\n")
-    (OUT / "runs.json").write_text(json.dumps({"meta": meta, "cells": [{**asdict(c), "samples": [asdict(s) for s in c.samples]} for c in cells]}, indent=1))
+    (OUT / "runs.json").write_text(json.dumps({"meta": meta, "cells": [{**asdict(c), "samples": [asdict(s) for s in c.samples]} for c in repeats]}, indent=1))
     return path
 
 
@@ -398,6 +421,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--per-worker", type=int, default=3, help="requests per client thread in a cell (at least 6 per cell)")
+    ap.add_argument("--repeats", type=int, default=1, help="times every cell but mixed-temperature runs, each time in another rotation")
     ap.add_argument("--mixed-concurrency", type=int, default=2, help="concurrency of the single mixed-temperature cell")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="the EAGLE head (and a torch engine)")
     ap.add_argument("--ports", default="38010,38011,38012", help="HTTP,gRPC,metrics for the report's own server")
@@ -420,12 +444,13 @@ def main() -> None:
         closed_loop(url, [replace(s, api_key=SPEC_KEY) for s in requests_for("baseline", 4, args.max_tokens)], 2)
         closed_loop(url, requests_for("speculative", 2, args.max_tokens), 1)
         active = gated
-        plan = [(sc, c) for i, c in enumerate(levels) for sc in SERIES[i % 3:] + SERIES[: i % 3]]  # rotated: load drift hits every series
-        for sc, c in [*plan, ("mixed-temperature", args.mixed_concurrency)]:
+        # rotated per level and per repeat: load drift hits every series
+        plan = [(sc, c, r) for r in range(args.repeats) for i, c in enumerate(levels) for sc in SERIES[(i + r) % 3:] + SERIES[: (i + r) % 3]]
+        for sc, c, r in [*plan, ("mixed-temperature", args.mixed_concurrency, 0)]:
             if (want := spec if sc == "speculative" else gated) is not active:
                 apply_policy(want)
                 active = want
-            cells.append(run_cell(sc, c, ports, args))
+            cells.append(run_cell(sc, c, ports, args, r))
     meta = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine_record(), "engine": engine,
         # load before our own server starts: >= 1 means other jobs held at least a core
