@@ -16,6 +16,9 @@ Floor: our engine's bare decode loop (bench/peer.py, `floor`) on the first promp
 process of its own, once per repeat while every runner here is idle: what c=1 should approach.
 c=8 target: batched throughput at c=8 over c=1 against what the calibrated curve allows,
 8 x cost(1) / cost(8) (a decode of 8 tokens costs about what 8 sequences' next tokens cost).
+Beside it, the batched runner's own steps (`StepLog`): a decode step of 8 sequences against one of
+a single sequence (what batching 8 can buy at most), and the share of the c=8 cells' step time
+spent in steps that take in prompt tokens, which batching does not make cheaper.
 
 Crossover: the lowest c at which batched throughput (median) exceeds the speculative engine's. The
 gate's `load.max_in_flight` counts requests already in flight, so it should be crossover - 1.
@@ -83,6 +86,42 @@ class Trace:
         return (self.event_times[-1] - self.event_times[0]) * 1e3 / after_first if after_first else None
 
 
+class StepLog:
+    """Every forward of one runner's target as (sequences, tokens, ms). Wraps the instance's
+    `forward`: the runner has no hook for it, and a benchmark must not add one to the served path."""
+
+    def __init__(self, target) -> None:  # noqa: ANN001 (a Target)
+        self.steps: list[tuple[int, int, float]] = []
+        self._forward = target.forward
+        target.forward = self._timed
+
+    def _timed(self, items):  # noqa: ANN001, ANN202 (Target.forward's signature)
+        start = time.perf_counter()
+        out = self._forward(items)
+        self.steps.append((len(items), sum(len(t) for _, t in items), 1000 * (time.perf_counter() - start)))
+        return out
+
+    def take(self) -> list[tuple[int, int, float]]:
+        steps, self.steps = self.steps, []
+        return steps
+
+
+def step_summary(c1: list[dict], c8: list[dict]) -> dict | None:
+    """From the batched cells' steps: median ms of a decode step of 1 and of 8 sequences, and the
+    share of the c=8 cells' step time in steps that took in prompt tokens (None without both sizes)."""
+    one = [ms for cell in c1 for n, t, ms in cell["steps"] if n == t == 1]
+    eight = [ms for cell in c8 for n, t, ms in cell["steps"] if n == t == 8]
+    if not one or not eight:
+        return None
+    steps8 = [s for cell in c8 for s in cell["steps"]]
+    prompt_ms = sum(ms for n, t, ms in steps8 if t > n)
+    return {
+        "step1_ms": statistics.median(one),
+        "step8_ms": statistics.median(eight),
+        "prompt_share_c8": prompt_ms / sum(ms for _, _, ms in steps8),
+    }
+
+
 def run_cell(submit: Submit, prompts: list[list[int]], max_new: int, end_id: int) -> dict:
     """Submit all prompts at once, wait for all; raw per-request numbers and the cell's throughput."""
     traces = []
@@ -138,6 +177,7 @@ class Setup:
     """The configurations of one run: name -> how to submit a request, and what to shut down."""
 
     configs: dict[str, Submit]
+    steps: StepLog  # the batched runner's
     runners: list
     drafters: list[str]
     spec: SpeculativeRunner
@@ -159,13 +199,15 @@ def build(args: argparse.Namespace) -> Setup:
     # every target in the mode the server runs (cfg.exact), as engine_model loads them
     target = load_target(spec_cfg, model, num_slots=1, tree_nodes=max(a.max_k for a in ALGORITHMS.values()), exact=base.exact)
     spec = SpeculativeRunner(target, build_drafters(target, spec_cfg), spec_cfg)
-    batched = BatchRunner(load_target(base, model, num_slots=8, exact=base.exact), base.model_copy(update={"max_batch_size": 8}))
+    batched_target = load_target(base, model, num_slots=8, exact=base.exact)
+    steps = StepLog(batched_target)
+    batched = BatchRunner(batched_target, base.model_copy(update={"max_batch_size": 8}))
     unbatched = BatchRunner(load_target(base, model, num_slots=1, exact=base.exact), base.model_copy(update={"max_batch_size": 1}))
     configs: dict[str, Submit] = {"batched": batched.submit, "unbatched": unbatched.submit}
     for alg in args.algorithms.split(","):
         configs[f"spec-{alg}"] = lambda r, emit, alg=alg: spec.submit(r, emit, algorithm=alg)
     floor = DecodeProcess("floor", gguf, MAX_CONTEXT, base.threads, exact=base.exact) if args.backend == "llamacpp" else None
-    return Setup(configs, [batched, unbatched, spec], sorted(spec.generator.drafters), spec, floor)
+    return Setup(configs, steps, [batched, unbatched, spec], sorted(spec.generator.drafters), spec, floor)
 
 
 def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eos: int) -> tuple[dict[str, dict[int, list[dict]]], list[float]]:
@@ -182,7 +224,10 @@ def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eo
         order = names[rep % len(names):] + names[: rep % len(names)]
         for c in CONCURRENCY:
             for name in order:
+                setup.steps.take()
                 cell = run_cell(setup.configs[name], prompts[:c], args.tokens, eos)
+                if name == "batched":
+                    cell["steps"] = setup.steps.take()
                 cells[name][c].append(cell)
                 print(f"  rep {rep + 1} c={c} {name:14s} {cell['tok_s']:6.1f} tok/s  {cell['tokens']} tokens in {cell['wall_s']:.1f}s", flush=True)
     return cells, floor_ms
@@ -208,6 +253,7 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
     scaling = b[8]["tok_s"]["median"] / b[1]["tok_s"]["median"]
     tpot_ratio = b[8]["tpot_p50_ms"]["median"] / b[1]["tpot_p50_ms"]["median"]
     curve = setup.spec.calibration.curve if setup.spec.calibration else None
+    steps = step_summary(cells["batched"][1], cells["batched"][8])
     lines = [
         f"# bench-batching ({args.backend}, greedy, up to {args.tokens} new tokens, {args.repeats} repeats, median [min-max])",
         "",
@@ -230,6 +276,13 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
     lines += [
         "",
         f"- Batched {batching_check(scaling, curve)}",
+        (
+            f"- Batched steps: a decode step of 8 sequences {steps['step8_ms']:.1f} ms against {steps['step1_ms']:.1f} ms for one "
+            f"({steps['step8_ms'] / steps['step1_ms']:.2f}x: batching 8 buys at most {8 * steps['step1_ms'] / steps['step8_ms']:.2f}x); "
+            f"steps that took in prompt tokens: {steps['prompt_share_c8']:.0%} of the c=8 cells' step time (medians over every such step of the run)."
+            if steps
+            else "- Batched steps: no decode step of 1 or of 8 sequences was seen."
+        ),
         f"- Batched p50 TPOT at c=1 over the floor: {b[1]['tpot_p50_ms']['median'] / median(floor_ms):.2f}x." if floor_ms else "- Floor not measured.",
         f"- Batched p50 TPOT c=8 / c=1: {tpot_ratio:.2f}x (target <= 2x: {'met' if tpot_ratio <= 2 else 'NOT met'}).",
     ]
@@ -243,7 +296,7 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
     raw = {
         "started_utc": started.isoformat(), "args": vars(args), "machine": machine, "drafters_loaded": setup.drafters,
         "summary": summary, "match_unbatched": match, "crossover": cross, "floor_ms": floor_ms,
-        "curve": curve.model_dump() if curve else None,
+        "curve": curve.model_dump() if curve else None, "batched_steps": steps,
         "batched_scaling_c8_over_c1": scaling, "batched_tpot_p50_c8_over_c1": tpot_ratio,
         "cells": {n: {c: [{k: v for k, v in cell.items() if k != "outputs"} for cell in cs] for c, cs in by_c.items()} for n, by_c in cells.items()},
     }

@@ -39,3 +39,48 @@ def test_triton_s_flag_is_read() -> None:
     sender.is_cancelled = lambda: True  # type: ignore[method-assign]
     stream = ResponseStream(sender, streaming=True, outbox=None)  # type: ignore[arg-type]
     assert stream.is_cancelled()
+
+
+class Outbox:
+    """ResponseSender without its thread: a due stream is flushed at once."""
+
+    def schedule(self, stream: ResponseStream) -> None:
+        stream.flush()
+
+
+def test_draft_statistics_travel_only_when_they_change_and_the_gate_still_reads_them_all() -> None:
+    """Each tensor of a response is copied by this stub, Triton and the gate on the decoding cores, so
+    a streamed response carries the statistics only where they changed (and always the final one).
+    What the gate reads from the stream (engine_client._stats keeps the last it saw) must be, after
+    every response, the statistics of the event that response stands for."""
+    from specgate.serving.engine_client import _stats
+    from specgate.stats import SpecStats
+
+    sender = pb.ResponseSender()
+    stream = ResponseStream(sender, streaming=True, outbox=Outbox())  # type: ignore[arg-type]
+    drafting = SpecStats(draft_budget=3)
+    drafted = SpecStats(num_drafts=1, draft_tokens=3, accepted_tokens=2, accepted_per_position=[1, 1], draft_budget=3, modelled_speedup=1.5)
+    events = [
+        pb_event([5], None),  # the baseline: no statistics at all
+        pb_event([6], None),
+        pb_event([7], drafting),
+        pb_event([8], drafting),
+        pb_event([9], drafted),
+        pb_event([], drafted, finished=True),
+    ]
+    read, carried = SpecStats(), []
+    for ev in events:
+        stream(ev)
+        response, _ = sender.sent[-1]
+        carried.append(pb.get_output_tensor_by_name(response, "total_draft_tokens") is not None)
+        read = _stats(response, read)
+        assert read == (ev.stats or SpecStats())
+        assert pb.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist() == ev.tokens
+    assert carried == [False, False, True, False, True, True]
+    assert len(sender.sent) == len(events)
+
+
+def pb_event(tokens: list[int], stats: Any, finished: bool = False) -> Any:
+    from specgate.decoding.request import Event
+
+    return Event(tokens, finished=finished, stats=stats)

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import astuple
 from typing import Any, Callable
 
 import numpy as np
@@ -109,6 +110,9 @@ class ResponseStream:
         self.failed = False  # a send raised: the client is gone
         self.cancelled = False  # the client cancelled (Triton's flag) or the gate asked (PARAM_CANCEL)
         self.polled = float("-inf")  # when Triton's flag was last asked
+        # the draft statistics the gate holds: those of the last response that carried them, and
+        # before any, the empty ones it starts from (engine_client.EngineClient.run)
+        self.stats_sent = astuple(SpecStats())
         self.scheduled = False
         self.lock = threading.Lock()
 
@@ -149,21 +153,30 @@ class ResponseStream:
                 if ev.error is not None:
                     self.sender.send(error_response(ev.error, invalid_arg=False), flags=FINAL)
                 elif self.streaming:
-                    self.sender.send(self._response(tokens, ev), flags=FINAL if final else 0)
+                    self.sender.send(self._response(tokens, ev, final), flags=FINAL if final else 0)
                 elif final:
-                    self.sender.send(self._response(self.tokens, ev), flags=FINAL)
+                    self.sender.send(self._response(self.tokens, ev, final), flags=FINAL)
             except Exception:  # the client went away: the engine stops this request at its next step
                 log.warning("response stream failed", exc_info=True)
                 self.failed = True
         if final and self.on_final is not None:
             self.on_final(self, ev)
 
-    def _response(self, tokens: list[int], ev: Event) -> Any:
+    def _response(self, tokens: list[int], ev: Event, final: bool) -> Any:
+        """The tokens, and the draft statistics where they changed since the last response that
+        carried them, and always on the final one (the only event that sets `handed_over`). Why:
+        every tensor of a response is copied through shared memory by this stub, Triton and the
+        gate, on the cores the engine decodes on, and the baseline's statistics never change. The
+        gate keeps the last statistics it read (engine_client._stats)."""
         s = ev.stats or SpecStats()
+        ids = [tensor("output_ids", [[tokens]], np.int32), tensor("sequence_length", [[len(self.tokens)]], np.int32)]
+        snapshot = astuple(s)
+        if not final and snapshot == self.stats_sent:
+            return pb_utils.InferenceResponse(output_tensors=ids)
+        self.stats_sent = snapshot
         return pb_utils.InferenceResponse(
             output_tensors=[
-                tensor("output_ids", [[tokens]], np.int32),
-                tensor("sequence_length", [[len(self.tokens)]], np.int32),
+                *ids,
                 tensor("acceptance_rate", [[s.acceptance_rate]], np.float32),
                 tensor("total_accepted_draft_tokens", [[s.accepted_tokens]], np.int32),
                 tensor("total_draft_tokens", [[s.draft_tokens]], np.int32),
