@@ -1,5 +1,6 @@
-"""serving/engine_model.ResponseStream's cancellation flag: set by the gate's stop message
-(`cancel`, on the execute thread) or read from Triton (`is_cancelled`, on the decode thread)."""
+"""serving/engine_model.ResponseStream: its cancellation flag, set by the gate's stop message
+(`cancel`, on the execute thread) or read from Triton (`is_cancelled`, on the decode thread), and
+which tensors its streamed responses carry."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from tests.unit import fake_pb_utils as pb
 
 pb.install()
 
+from specgate.decoding.request import Event  # noqa: E402
+from specgate.serving.engine_client import _stats  # noqa: E402
 from specgate.serving.engine_model import ResponseStream  # noqa: E402
+from specgate.stats import SpecStats  # noqa: E402
 
 
 class Sender:
@@ -53,20 +57,17 @@ def test_draft_statistics_travel_only_when_they_change_and_the_gate_still_reads_
     a streamed response carries the statistics only where they changed (and always the final one).
     What the gate reads from the stream (engine_client._stats keeps the last it saw) must be, after
     every response, the statistics of the event that response stands for."""
-    from specgate.serving.engine_client import _stats
-    from specgate.stats import SpecStats
-
     sender = pb.ResponseSender()
     stream = ResponseStream(sender, streaming=True, outbox=Outbox())  # type: ignore[arg-type]
     drafting = SpecStats(draft_budget=3)
     drafted = SpecStats(num_drafts=1, draft_tokens=3, accepted_tokens=2, accepted_per_position=[1, 1], draft_budget=3, modelled_speedup=1.5)
     events = [
-        pb_event([5], None),  # the baseline: no statistics at all
-        pb_event([6], None),
-        pb_event([7], drafting),
-        pb_event([8], drafting),
-        pb_event([9], drafted),
-        pb_event([], drafted, finished=True),
+        Event([5]),  # the baseline: no statistics at all
+        Event([6]),
+        Event([7], stats=drafting),
+        Event([8], stats=drafting),
+        Event([9], stats=drafted),
+        Event([], finished=True, stats=drafted),
     ]
     read, carried = SpecStats(), []
     for ev in events:
@@ -79,8 +80,3 @@ def test_draft_statistics_travel_only_when_they_change_and_the_gate_still_reads_
     assert carried == [False, False, True, False, True, True]
     assert len(sender.sent) == len(events)
 
-
-def pb_event(tokens: list[int], stats: Any, finished: bool = False) -> Any:
-    from specgate.decoding.request import Event
-
-    return Event(tokens, finished=finished, stats=stats)
