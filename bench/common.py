@@ -55,15 +55,16 @@ def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: in
         yield ports
 
 
-def wait_calibrated(repo: Path) -> None:
+def wait_calibrated(repo: Path) -> Path | None:
     """specgate_launcher.wait_calibrated, with progress: a cell measured while spec_engine calibrates
     shares the cores with it, and the gate sends everything to the baseline meanwhile."""
     from specgate_launcher import wait_calibrated as wait
 
     start = time.monotonic()
     print("[bench] waiting for spec_engine's start-up calibration ...", flush=True)
-    wait(repo)
+    published = wait(repo)
     print(f"[bench] calibrated after {time.monotonic() - start:.0f} s", flush=True)
+    return published
 
 
 def wait_quiet(timeout_s: float = 300.0) -> None:

@@ -312,16 +312,15 @@ def checks(cells: list[Cell], levels: list[int], repeats: list[Cell], curve: Cos
     return out
 
 
-def calibrated_curve() -> CostCurve | None:
-    """The cost curve spec_engine of the report's server published (None if it failed to).
+def calibrated_curve(published: Path | None) -> CostCurve | None:
+    """The cost curve in the calibration spec_engine of the report's server published (None if none).
 
     Read once, before the first cell: while serving, the engine refines the curve from its own
     decodes (cost_model/live.py), and those correct only the sizes it verifies, cost(1) above all.
     Served decodes share the cores with the response path, so a refined cost(1) against a start-up
     cost(8) moved the c=8 bar from 1.10x to 0.95x within one run on an Ice Lake Xeon. The start-up
     curve measures every size in one pass, under the same conditions."""
-    path = WORK / "engines" / "cpu" / "calibration.json"
-    return Calibration.load(path).curve if path.exists() else None
+    return Calibration.load(published).curve if published is not None else None
 
 
 def why_defaults(meta: dict[str, Any]) -> list[str]:
@@ -446,8 +445,7 @@ def main() -> None:
     ports = Ports(http, grpc, mport)
     # the server's log goes with the report it produced
     with running(WORK / "model_repository", ports, OUT / "server.log"):
-        wait_calibrated(WORK / "model_repository")
-        curve = calibrated_curve()
+        curve = calibrated_curve(wait_calibrated(WORK / "model_repository"))
         url = f"localhost:{ports.http}"
         # warm-up off the measured cells (first-call allocations, batch shapes); SPEC_KEY keeps the org breaker fresh
         closed_loop(url, [replace(s, api_key=SPEC_KEY) for s in requests_for("baseline", 4, args.max_tokens)], 2)

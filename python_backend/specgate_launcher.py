@@ -11,9 +11,10 @@ value is artifacts/secrets/admin.key; inference, health, metadata and metrics st
 models answer only requests that carry artifacts/secrets/engine.key (serving/engine_key.py), which
 the models read from the file the server's environment names.
 
-Nothing outlives the launcher: tritonserver and the front die with it (PR_SET_PDEATHSIG, also when
-it is killed with SIGKILL), SIGHUP and SIGTERM stop them like Ctrl-C, and each stub exits when
-tritonserver dies (serving/parent_watch.py).
+`main` (`make serve`) supervises them as one replica (specgate_deploy.replica): a tritonserver that
+dies is restarted. Nothing outlives the launcher: tritonserver and the front die with it
+(PR_SET_PDEATHSIG, also when it is killed with SIGKILL), SIGHUP and SIGTERM drain and stop them like
+Ctrl-C, and each stub exits when tritonserver dies (serving/parent_watch.py).
 """
 
 from __future__ import annotations
@@ -201,23 +202,25 @@ def wait_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 600) -> 
     _wait_http(proc, f"http://127.0.0.1:{ports.http}/v2/health/ready", "tritonserver", timeout_s)
 
 
-def wait_calibrated(repo: Path, timeout_s: float = 300) -> None:
+def wait_calibrated(repo: Path, timeout_s: float = 300) -> Path | None:
     """Wait until spec_engine has published its calibration, the file the gate reads (`calibration_path`
-    of spec_gate's config). At load the engine withdraws the last one and measures the machine for up
-    to about 45 s; meanwhile the gate sends every request to the baseline (reason `calibrating`). For
-    benchmarks and tests that need the speculative route or a quiet machine; a server serves without it."""
+    of spec_gate's config), and return that file (None for tensorrtllm engines, which publish none).
+    At load the engine withdraws the last one and measures the machine for up to about 45 s; meanwhile
+    the gate sends every request to the baseline (reason `calibrating`). For benchmarks and tests that
+    need the speculative route or a quiet machine; a server serves without it."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
     config = text_format.Parse((repo / "spec_gate" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     path = config.parameters["calibration_path"].string_value if "calibration_path" in config.parameters else ""
     if not path:
-        return  # tensorrtllm: it publishes no calibration
+        return None  # tensorrtllm: it publishes no calibration
     published, deadline = Path(path), time.monotonic() + timeout_s
     while not published.exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"spec_engine published no calibration ({published}) within {timeout_s:.0f} s")
         time.sleep(0.5)
+    return published
 
 
 def start(
@@ -296,6 +299,12 @@ def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
 
 
 def main() -> None:
+    """`make serve`: one replica (specgate_deploy.replica) on the public ports, supervised like each of
+    `make serve REPLICAS=N`'s: a tritonserver that dies is restarted. Triton 2.51's Python backend can
+    abort the whole server when a stub dies in the middle of its shared-memory IPC (docs/robustness.md,
+    "Limits"), so a dead engine process must not leave the user without a server."""
+    from specgate_deploy.replica import DRAIN_S, Replica  # it imports this module
+
     ap = argparse.ArgumentParser(description="Serve the rendered model repository with tritonserver, and the OpenAI-compatible front.")
     ap.add_argument("--model-repository", type=Path, default=ROOT / "artifacts" / "model_repository")
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
@@ -304,43 +313,58 @@ def main() -> None:
     ap.add_argument("--front-port", type=int, default=int(os.environ.get("FRONT_PORT", 9000)))
     ap.add_argument("--admin-header", default=os.environ.get("ADMIN_HEADER", ADMIN_HEADER),
                     help=f"header the control APIs ({', '.join(RESTRICTED_APIS)}) require; its value is {ADMIN_SECRET.relative_to(ROOT)}")
+    ap.add_argument("--drain-s", type=int, default=int(os.environ.get("DRAIN_S", DRAIN_S)),
+                    help="on Ctrl-C or SIGTERM, how long the requests in flight may take to finish")
+    ap.add_argument("--log-dir", type=Path, default=ROOT / "artifacts" / "logs")
     args = ap.parse_args()
     if not (args.model_repository / "llm" / "config.pbtxt").exists():
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.front_port)
-    # SIGTERM (a supervisor) and SIGHUP (a closed terminal) stop the server too, like Ctrl-C
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    proc = start(args.model_repository, ports, admin_header=args.admin_header)
-    front: subprocess.Popen | None = None
+    replica = Replica("serve", ports, args.model_repository, args.log_dir, args.drain_s, args.admin_header)
+    log = args.log_dir / "serve-tritonserver.log"
+    stopping = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # Ctrl-C, SIGTERM (a supervisor) and SIGHUP (a closed terminal) all drain and stop
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, request_stop)
+    code = 0
+    replica.start()
+    print(f"[serve] starting tritonserver (pid {replica.server.pid}, log {log}); loading models ...", flush=True)
+    announced = False
     try:
-        print(f"[serve] starting tritonserver (pid {proc.pid}); loading models ...", flush=True)
-        wait_ready(proc, ports)
-        front = start_front(ports)
-        wait_front_ready(front, ports)
-        print(
-            f"[serve] ready\n"
-            f"  HTTP     http://localhost:{ports.http}/v2/models/llm/generate  (and generate_stream)\n"
-            f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
-            f"  metrics  http://localhost:{ports.metrics}/metrics\n"
-            f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
-            f"  control  {', '.join(RESTRICTED_APIS)} APIs need the contents of {ADMIN_SECRET.relative_to(ROOT)}\n"
-            f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
-            f"  try:     python clients/generate.py 'Hello!' --stream\n"
-            f"Ctrl-C stops the server and the front.",
-            flush=True,
-        )
-        while proc.poll() is None and front.poll() is None:  # either one ending ends both
+        while not stopping:
+            if replica.status == "starting" and replica.server.poll() is not None:  # never served: a restart would fail the same way
+                print(log.read_text(errors="replace")[-5000:], flush=True)
+                print(f"[serve] tritonserver exited with code {replica.server.returncode} before it was ready (log above: {log})", flush=True)
+                code = replica.server.returncode or 1
+                break
+            replica.poll()
+            if replica.status == "ready" and not announced:
+                wait_front_ready(replica.front, ports)  # started once tritonserver was ready
+                announced = True
+                print(
+                    f"[serve] ready\n"
+                    f"  HTTP     http://localhost:{ports.http}/v2/models/llm/generate  (and generate_stream)\n"
+                    f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
+                    f"  metrics  http://localhost:{ports.metrics}/metrics\n"
+                    f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
+                    f"  control  {', '.join(RESTRICTED_APIS)} APIs need the contents of {ADMIN_SECRET.relative_to(ROOT)}\n"
+                    f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
+                    f"  logs     {log}, serve-front.log (a restarted server's last log: .log.1)\n"
+                    f"  try:     python clients/generate.py 'Hello!' --stream\n"
+                    f"A tritonserver that dies is restarted. Ctrl-C stops the server and the front.",
+                    flush=True,
+                )
             time.sleep(1)
-        if front.poll() is not None:
-            print(f"[serve] the front exited with code {front.returncode}; stopping tritonserver", flush=True)
-    except KeyboardInterrupt:
-        print("\n[serve] stopping ...", flush=True)
+        else:
+            print(f"\n[serve] stopping (requests in flight get up to {args.drain_s} s) ...", flush=True)
     finally:
-        if front is not None:
-            stop(front)
-        stop(proc)
-    code = next((p.returncode for p in (proc, front) if p is not None and p.returncode and p.returncode > 0), 0)
+        replica.begin_drain()
+        replica.finish_drain(time.monotonic() + args.drain_s + 5)
     sys.exit(code)
 
 

@@ -64,6 +64,23 @@ def _kill(model: str) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _kill_between_decodes(model: str) -> None:
+    """SIGKILL `model`'s stub with its requests in flight, while their decodes wait on the compute lock.
+
+    Not at a random instant: a stub killed inside the Python backend's own shared-memory IPC (a
+    response on its way to tritonserver) can abort tritonserver itself, which is Triton 2.51's fault,
+    not the gate's (docs/robustness.md, "Limits"; `make serve` restarts such a server). With every
+    decode held, the stub has nothing left to send after a moment, and the kill tests what this file
+    is about: the gate's handling of an engine that dies mid-request."""
+    with open(COMPUTE_LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            time.sleep(0.5)  # the tokens decoded before the lock leave the stub
+            _kill(model)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def test_control_apis_refuse_callers_without_the_admin_key(http, grpc, server):
     g = grpcclient.InferenceServerClient(f"localhost:{server.grpc}")
     unload = f"{http.base}/v2/repository/models/spec_engine/unload"
@@ -112,7 +129,7 @@ def test_spec_engine_killed_or_unloaded_loses_no_request(http, grpc, server):
     served: list[tuple[str, str, str]] = []
     try:
         # 1. kill the engine's process mid-stream: requests continue on the baseline
-        served += _run_concurrently(http, grpc, lambda: _kill("spec_engine"))
+        served += _run_concurrently(http, grpc, lambda: _kill_between_decodes("spec_engine"))
         # 2. unload it mid-run: same guarantee
         _restart(http, "spec_engine")  # a fresh instance after the kill, serving again
         served += _run_concurrently(http, grpc, lambda: _repo(http, "unload"))

@@ -4,7 +4,8 @@ Seen: a `make serve` killed with SIGKILL, or hung up by a closed terminal, left 
 stubs and the OpenAI front serving for minutes, holding the ports; and a stub does not notice that
 tritonserver died (the backend's own check of its parent passes while the parent is an unreaped
 zombie). Each test starts a server of its own, on its own rendered repository (so that its stubs are
-never confused with the session server's), and kills it.
+never confused with the session server's), and kills it. And a tritonserver that dies under
+`make serve` is replaced, not left dead (Triton 2.51 can abort when a stub dies).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate_launcher import Ports, start, stop, wait_ready
@@ -95,35 +97,93 @@ def _ports() -> Ports:
     return Ports(free_port(), free_port(), free_port(), free_port())
 
 
-@pytest.mark.parametrize("sig, within_s", [(signal.SIGKILL, GONE_WITHIN_S), (signal.SIGHUP, 60)], ids=["SIGKILL", "SIGHUP"])
-def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repository: Path, sig: int, within_s: float) -> None:
-    ports, log = _ports(), OUT / "launcher.log"
+def _start_launcher(repository: Path, log: Path) -> tuple[subprocess.Popen, Ports]:
+    """`make serve`'s launcher on free ports, ready."""
+    ports = _ports()
     env = {**os.environ, ENV_COMPUTE_LOCK: str(OUT / "compute.lock")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), str(ROOT), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "specgate_launcher", "--model-repository", str(repository), "--http-port", str(ports.http),
-           "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--front-port", str(ports.front)]  # fmt: skip
+           "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--front-port", str(ports.front),
+           "--log-dir", str(OUT / "logs")]  # fmt: skip
     with open(log, "w") as out:
         launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    _wait_log(launcher, log, "[serve] ready")
+    return launcher, ports
+
+
+def _wait_log(launcher: subprocess.Popen, log: Path, line: str, count: int = 1, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while log.read_text().count(line) < count:
+        assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def _ours(launcher: subprocess.Popen) -> tuple[set[int], list[str]]:
+    ours = _descendants(launcher.pid)
+    kinds = [_cmdline(p) for p in ours]
+    assert sum("tritonserver " in k for k in kinds) == 1 and sum("specgate_front" in k for k in kinds) == 1, kinds
+    assert sum("triton_python_backend_stub" in k for k in kinds) >= 6, kinds
+    return ours, kinds
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
+def _end(launcher: subprocess.Popen, ours: set[int]) -> None:
+    _kill_all(ours | _descendants(launcher.pid))
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.wait()
+
+
+@pytest.mark.parametrize("sig, within_s", [(signal.SIGKILL, GONE_WITHIN_S), (signal.SIGHUP, 60)], ids=["SIGKILL", "SIGHUP"])
+def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repository: Path, sig: int, within_s: float) -> None:
+    launcher, _ = _start_launcher(repository, OUT / "launcher.log")
     ours: set[int] = set()
     try:
-        deadline = time.monotonic() + 900
-        while "[serve] ready" not in log.read_text():
-            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        ours = _descendants(launcher.pid)
-        kinds = [_cmdline(p) for p in ours]
-        assert sum("tritonserver " in k for k in kinds) == 1 and sum("specgate_front" in k for k in kinds) == 1, kinds
-        assert sum("triton_python_backend_stub" in k for k in kinds) >= 6, kinds
+        ours, _ = _ours(launcher)
         os.kill(launcher.pid, sig)
         launcher.wait(timeout=120)
         left = _wait_gone(ours, within_s)
         print(f"\n{signal.Signals(sig).name} to the launcher: {len(ours)} processes of ours, {len(left)} left after {within_s} s")
         assert not left, [_cmdline(p) for p in left]
     finally:
-        _kill_all(ours | _descendants(launcher.pid))
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        _end(launcher, ours)
+
+
+def test_the_launcher_restarts_a_tritonserver_that_died(repository: Path) -> None:
+    """Triton 2.51's Python backend can abort the whole server when a stub dies (docs/robustness.md,
+    "Limits"): `make serve` must come back by itself, front included, and still stop cleanly."""
+    log = OUT / "launcher-restart.log"
+    launcher, ports = _start_launcher(repository, log)
+    ours: set[int] = set()
+    try:
+        ours, kinds = _ours(launcher)
+        (server,) = [p for p, k in zip(ours, kinds) if "tritonserver " in k]
+        os.kill(server, signal.SIGABRT)  # as the abort does
+        started = time.monotonic()
+        _wait_log(launcher, log, "ready after", count=2, timeout_s=600)
+        restarted_s = time.monotonic() - started
+        ours |= _descendants(launcher.pid)
+        _, kinds = _ours(launcher)  # one tritonserver, one front again: the old ones are gone
+        assert server not in _alive(ours)
+        body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+        deadline = time.monotonic() + 120  # the new front starts once the new server is ready
+        while not _answers(f"http://127.0.0.1:{ports.front}/v1/models") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
+        print(f"\ntritonserver aborted: serving again after {restarted_s:.0f} s; the new front answered HTTP {r.status_code}")
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+        os.kill(launcher.pid, signal.SIGTERM)
+        launcher.wait(timeout=120)
+        left = _wait_gone(ours, GONE_WITHIN_S)
+        assert not left, [_cmdline(p) for p in left]
+    finally:
+        _end(launcher, ours)
 
 
 def test_stubs_end_when_tritonserver_is_killed(repository: Path) -> None:
