@@ -321,7 +321,7 @@ def main() -> None:
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.front_port)
     replica = Replica("serve", ports, args.model_repository, args.log_dir, args.drain_s, args.admin_header)
-    log = args.log_dir / "serve-tritonserver.log"
+    log = replica.server_log
     stopping = False
 
     def request_stop(*_: object) -> None:
@@ -354,7 +354,7 @@ def main() -> None:
                     f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
                     f"  control  {', '.join(RESTRICTED_APIS)} APIs need the contents of {ADMIN_SECRET.relative_to(ROOT)}\n"
                     f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
-                    f"  logs     {log}, serve-front.log (a restarted server's last log: .log.1)\n"
+                    f"  logs     {log}, {replica.front_log.name} (a restarted server's last log: .log.1)\n"
                     f"  try:     python clients/generate.py 'Hello!' --stream\n"
                     f"A tritonserver that dies is restarted. Ctrl-C stops the server and the front.",
                     flush=True,

@@ -61,10 +61,18 @@ class Replica:
     restarts: int = 0
     _started_at: float = field(default=0.0, repr=False)
 
+    @property
+    def server_log(self) -> Path:
+        return self.log_dir / f"{self.name}-tritonserver.log"
+
+    @property
+    def front_log(self) -> Path:
+        return self.log_dir / f"{self.name}-front.log"
+
     def start(self) -> None:
         """Start tritonserver (the front follows once it is ready: `poll()`)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_dir / f"{self.name}-tritonserver.log"
+        log = self.server_log
         if log.exists():  # keep the log of the run that died, for the operator
             log.replace(log.with_suffix(".log.1"))
         self.server = self.server_factory(self.repo, self.ports, log_file=log, extra=[f"--exit-timeout-secs={self.drain_s}"],
@@ -103,7 +111,7 @@ class Replica:
         return False
 
     def _start_front(self) -> None:
-        self.front = launcher.start_front(self.ports, self.log_dir / f"{self.name}-front.log")
+        self.front = launcher.start_front(self.ports, self.front_log)
 
     def begin_drain(self) -> None:
         """SIGTERM to tritonserver alone (not its process group: its stubs serve the requests in flight)."""

@@ -169,7 +169,7 @@ def test_the_launcher_restarts_a_tritonserver_that_died(repository: Path) -> Non
         _wait_log(launcher, log, "ready after", count=2, timeout_s=600)
         restarted_s = time.monotonic() - started
         ours |= _descendants(launcher.pid)
-        _, kinds = _ours(launcher)  # one tritonserver, one front again: the old ones are gone
+        _ours(launcher)  # one tritonserver, one front again: the old ones are gone
         assert server not in _alive(ours)
         body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
         deadline = time.monotonic() + 120  # the new front starts once the new server is ready
