@@ -337,12 +337,12 @@ def main() -> None:
     announced = False
     try:
         while not stopping:
-            if replica.status == "starting" and replica.server.poll() is not None:  # never served: a restart would fail the same way
-                print(log.read_text(errors="replace")[-5000:], flush=True)
+            replica.poll()
+            if replica.failed_to_start:
+                print(replica.log_tail(), flush=True)
                 print(f"[serve] tritonserver exited with code {replica.server.returncode} before it was ready (log above: {log})", flush=True)
                 code = replica.server.returncode or 1
                 break
-            replica.poll()
             if replica.status == "ready" and not announced:
                 wait_front_ready(replica.front, ports)  # started once tritonserver was ready
                 announced = True
@@ -356,7 +356,7 @@ def main() -> None:
                     f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
                     f"  logs     {log}, {replica.front_log.name} (a restarted server's last log: .log.1)\n"
                     f"  try:     python clients/generate.py 'Hello!' --stream\n"
-                    f"A tritonserver that dies is restarted. Ctrl-C stops the server and the front.",
+                    f"A tritonserver that dies or loses an engine is restarted. Ctrl-C stops the server and the front.",
                     flush=True,
                 )
             time.sleep(1)

@@ -2,8 +2,10 @@
 
 Each replica is a tritonserver and its front on ports of its own (replica.replica_ports); HAProxy takes
 the public ports (HTTP 8000, gRPC 8001, front 9000) and Prometheus 9090. The supervisor restarts a
-replica's tritonserver that died (HAProxy's health check keeps it out until it is ready again), and
-HAProxy or Prometheus if either dies. Ctrl-C or SIGTERM drains every replica, then stops the rest.
+replica's tritonserver that died or can no longer serve (replica.py; HAProxy's health check keeps it
+out until it is ready again), and HAProxy or Prometheus if either dies; a replica whose first server
+never became ready ends it all, with that server's log. Ctrl-C or SIGTERM drains every replica, then
+stops the rest.
 Where each replica listens and which pids it runs: the replicas file (state.py, docs/deploy.md).
 """
 
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    code = 0
     cluster = Cluster(replicas, public, args.run_dir, args.state_file, args.bind, args.scrape_interval)
     try:
         cluster.start()
@@ -123,8 +126,16 @@ def main(argv: list[str] | None = None) -> None:
               f"[replicas] ports and pids: {args.state_file}; logs and configs: {args.run_dir}. Ctrl-C drains and stops all.", flush=True)
         while not stop.wait(1.0):
             cluster.step()
-        print(f"[replicas] draining (up to {args.drain_s} s) ...", flush=True)
+            if failed := [r for r in replicas if r.failed_to_start]:  # each would fail the same way again
+                for r in failed:
+                    print(r.log_tail(), flush=True)
+                    print(f"[replicas] {r.name}: tritonserver exited with code {r.server.returncode} before it was ever ready "
+                          f"(log above: {r.server_log}); stopping", flush=True)
+                code = 1
+                break
+        else:
+            print(f"[replicas] draining (up to {args.drain_s} s) ...", flush=True)
     finally:
         cluster.stop(args.drain_s)
     print("[replicas] stopped", flush=True)
-    sys.exit(0)
+    sys.exit(code)

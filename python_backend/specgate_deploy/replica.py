@@ -1,7 +1,8 @@
 """One full replica: a tritonserver and the OpenAI-compatible front on its own ports.
 
 Started with specgate_launcher's own functions, so a replica is exactly what `make serve` runs. What is
-added here is the life cycle around them: restart a tritonserver that died, and drain on shutdown.
+added here is the life cycle around them: restart a tritonserver that died or can no longer serve
+(specgate_deploy.health: a dead engine stub, a model wedged LOADING), and drain on shutdown.
 
 Drain, as measured on the bundled Triton 2.51: on SIGTERM tritonserver closes its HTTP port at once
 (readiness probes and HAProxy's health check fail, so no new traffic arrives), lets every request in
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import specgate_launcher as launcher
+from specgate_deploy import health
 from specgate_deploy.state import PortSet, ReplicaRecord, ReplicaStatus
 
 # Seconds a draining tritonserver may take to finish the requests in flight (`--exit-timeout-secs`).
@@ -28,6 +30,7 @@ from specgate_deploy.state import PortSet, ReplicaRecord, ReplicaStatus
 # these CPUs (docs/loadtest.md), behind up to 30 s in the gate's queue (admission.queue_timeout_s).
 DRAIN_S = 60
 FRONT_STOP_S = 10  # the front's own graceful stop, after tritonserver has gone
+HEALTH_INTERVAL_S = 5.0  # between two looks at a ready server's models; a fault must be seen twice
 
 
 def replica_ports(base: int, index: int) -> launcher.Ports:
@@ -59,7 +62,12 @@ class Replica:
     front: subprocess.Popen | None = None
     status: ReplicaStatus = "stopped"
     restarts: int = 0
+    health_interval_s: float = HEALTH_INTERVAL_S
     _started_at: float = field(default=0.0, repr=False)
+    _health: health.HealthCheck | None = field(default=None, repr=False)
+    _last_look: float = field(default=0.0, repr=False)
+    _suspect: str | None = field(default=None, repr=False)  # what the last look found wrong
+    _stop_by: float | None = field(default=None, repr=False)  # set while a server is drained for a restart
 
     @property
     def server_log(self) -> Path:
@@ -68,6 +76,15 @@ class Replica:
     @property
     def front_log(self) -> Path:
         return self.log_dir / f"{self.name}-front.log"
+
+    @property
+    def failed_to_start(self) -> bool:
+        """Its first tritonserver exited before it was ever ready: a broken repository or a port in
+        use, which a restart would meet again. Not restarted; the launcher ends with `log_tail()`."""
+        return self.status == "starting" and self.server is not None and self.server.poll() is not None
+
+    def log_tail(self, chars: int = 5000) -> str:
+        return self.server_log.read_text(errors="replace")[-chars:] if self.server_log.exists() else ""
 
     def start(self) -> None:
         """Start tritonserver (the front follows once it is ready: `poll()`)."""
@@ -78,15 +95,18 @@ class Replica:
         self.server = self.server_factory(self.repo, self.ports, log_file=log, extra=[f"--exit-timeout-secs={self.drain_s}"],
                                           admin_header=self.admin_header)
         self.status = "starting" if self.restarts == 0 else "restarting"
-        self._started_at = time.monotonic()
+        self._started_at = self._last_look = time.monotonic()
+        self._health = health.HealthCheck(health.python_instances(self.repo))
+        self._suspect = self._stop_by = None
 
     def poll(self) -> bool:
         """Advance the life cycle by one look; True when something changed (the replicas file is
-        rewritten then). A dead tritonserver is restarted; the front, a client that reconnects, stays."""
+        rewritten then). A dead tritonserver is restarted, and so is one whose models cannot serve
+        (drained first, as on shutdown); the front, a client that reconnects, stays."""
         if self.server is None or self.status in ("draining", "stopped"):
             return False
         if self.server.poll() is not None:
-            if not self.restart_on_exit:
+            if not self.restart_on_exit or self.failed_to_start:
                 return False
             print(f"[replicas] {self.name}: tritonserver (pid {self.server.pid}) exited with code {self.server.returncode}; restarting it", flush=True)
             launcher.stop(self.server)  # its stubs, which a killed server leaves behind
@@ -97,6 +117,13 @@ class Replica:
             print(f"[replicas] {self.name}: the front exited with code {self.front.returncode}; restarting it", flush=True)
             self._start_front()
             return True
+        if self._stop_by is not None:  # draining for a restart: the exit above restarts it
+            if time.monotonic() > self._stop_by:
+                print(f"[replicas] {self.name}: tritonserver still running {self.drain_s} s after SIGTERM; killing it", flush=True)
+                launcher.stop(self.server, timeout_s=5)
+            return False
+        if self.status == "ready":
+            return self._look()
         if self.status in ("starting", "restarting") and is_ready(self.ports):
             if self.front is not None:
                 # A new front with the new server: the old one's gRPC channel backs off its reconnects
@@ -109,6 +136,24 @@ class Replica:
                   f"(HTTP :{self.ports.http}, gRPC :{self.ports.grpc}, metrics :{self.ports.metrics}, front :{self.ports.front})", flush=True)
             return True
         return False
+
+    def _look(self) -> bool:
+        """Every `health_interval_s`, judge the ready server's models; a fault seen on two looks in a
+        row (not a reload caught half-way) drains the server for a restart."""
+        now = time.monotonic()
+        if now - self._last_look < self.health_interval_s:
+            return False
+        self._last_look = now
+        index = health.repository_index(self.ports.http, launcher.admin_headers(self.admin_header))
+        fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now)
+        seen_before, self._suspect = self._suspect, fault
+        if fault is None or seen_before is None:
+            return False
+        print(f"[replicas] {self.name}: {fault}; restarting tritonserver (requests in flight get up to {self.drain_s} s)", flush=True)
+        self.server.send_signal(signal.SIGTERM)
+        self.status = "restarting"
+        self._stop_by = now + self.drain_s + 10  # its own --exit-timeout-secs, then time to exit
+        return True
 
     def _start_front(self) -> None:
         self.front = launcher.start_front(self.ports, self.front_log)

@@ -5,7 +5,8 @@ stubs and the OpenAI front serving for minutes, holding the ports; and a stub do
 tritonserver died (the backend's own check of its parent passes while the parent is an unreaped
 zombie). Each test starts a server of its own, on its own rendered repository (so that its stubs are
 never confused with the session server's), and kills it. And a tritonserver that dies under
-`make serve` is replaced, not left dead (Triton 2.51 can abort when a stub dies).
+`make serve` is replaced, not left dead (Triton 2.51 can abort when a stub dies), and so is one that
+lost an engine's stub.
 """
 
 from __future__ import annotations
@@ -155,19 +156,30 @@ def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repositor
         _end(launcher, ours)
 
 
-def test_the_launcher_restarts_a_tritonserver_that_died(repository: Path) -> None:
+# what is killed (a word of its command line), and how: as Triton's abort does; as an OOM kill does
+FAULTS = {"server-aborted": ("tritonserver ", signal.SIGABRT), "engine-stub-killed": ("/target_engine/1/model.py", signal.SIGKILL)}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_launcher_restarts_a_tritonserver_that_died_or_cannot_serve(repository: Path, fault: str) -> None:
     """Triton 2.51's Python backend can abort the whole server when a stub dies (docs/robustness.md,
-    "Limits"): `make serve` must come back by itself, front included, and still stop cleanly."""
-    log = OUT / "launcher-restart.log"
+    "Limits"); and when an engine's stub dies alone, the server stays up and ready but never starts a
+    new one, so every request fails. Either way `make serve` must come back by itself, front
+    included, and still stop cleanly."""
+    victim, sig = FAULTS[fault]
+    log = OUT / f"launcher-{fault}.log"
     launcher, ports = _start_launcher(repository, log)
     ours: set[int] = set()
     try:
         ours, kinds = _ours(launcher)
         (server,) = [p for p, k in zip(ours, kinds) if "tritonserver " in k]
-        os.kill(server, signal.SIGABRT)  # as the abort does
+        (pid,) = [p for p, k in zip(ours, kinds) if victim in k]
+        os.kill(pid, sig)
         started = time.monotonic()
         _wait_log(launcher, log, "ready after", count=2, timeout_s=600)
         restarted_s = time.monotonic() - started
+        if pid != server:
+            assert "target_engine is READY but 1 of its 1 stub processes died" in log.read_text(), log.read_text()[-3000:]
         ours |= _descendants(launcher.pid)
         _ours(launcher)  # one tritonserver, one front again: the old ones are gone
         assert server not in _alive(ours)
@@ -176,7 +188,7 @@ def test_the_launcher_restarts_a_tritonserver_that_died(repository: Path) -> Non
         while not _answers(f"http://127.0.0.1:{ports.front}/v1/models") and time.monotonic() < deadline:
             time.sleep(0.5)
         r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
-        print(f"\ntritonserver aborted: serving again after {restarted_s:.0f} s; the new front answered HTTP {r.status_code}")
+        print(f"\n{fault}: serving again after {restarted_s:.0f} s; the new front answered HTTP {r.status_code}")
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
         os.kill(launcher.pid, signal.SIGTERM)
         launcher.wait(timeout=120)

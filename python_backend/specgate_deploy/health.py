@@ -1,0 +1,105 @@
+"""Can a ready tritonserver still serve? What a replica's supervisor checks beyond its process.
+
+A tritonserver outlives its Python-backend stubs. When an engine's stub dies (an OOM kill, a crash in
+an engine), Triton 2.51 keeps the model READY, fails its requests, and never starts a new stub: with
+target_engine gone every request fails, with spec_engine gone every request falls back to the
+baseline. A reload through the repository API brings the stub back, but 2.51 can wedge in it, the
+model LOADING for ever (docs/robustness.md, "Limits"). In both cases `/v2/health/ready` still
+answers 200, so neither a load balancer nor a kubelet sees anything wrong. The supervisor does
+(`Replica.poll`), and restarts the server.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import psutil
+from google.protobuf import text_format
+from pydantic import BaseModel
+from tritonclient.grpc import model_config_pb2
+
+STUB = "triton_python_backend_stub"
+# A model LOADING longer than this is taken for wedged. Loading an engine takes seconds on CPU; a large
+# TensorRT-LLM engine can take minutes.
+LOAD_TIMEOUT_S = 300.0
+
+
+class ModelState(BaseModel):
+    """One row of Triton's repository index (`POST /v2/repository/index`)."""
+
+    name: str
+    state: str = ""  # READY, LOADING, UNLOADING, UNAVAILABLE; absent for a model never loaded
+    version: str = ""
+    reason: str = ""
+
+
+def repository_index(http_port: int, headers: dict[str, str], timeout_s: float = 5.0) -> list[ModelState] | None:
+    """The server's model states; None when it does not answer (a busy or stopping server is not
+    judged here: its liveness is the process check's and the probes')."""
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/index", data=b"{}", headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return [ModelState(**row) for row in json.loads(r.read())]
+    except (OSError, ValueError):
+        return None
+
+
+def python_instances(repo: Path) -> dict[str, int]:
+    """Model -> how many stubs it runs when loaded: one per instance of a Python-backend model (our
+    configs are all KIND_CPU). Other backends (the ensemble, tensorrtllm) run no stub."""
+    out: dict[str, int] = {}
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        try:
+            config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        except text_format.ParseError:  # Triton refuses to load it, and says why in its log
+            continue
+        if config.backend == "python":
+            out[path.parent.name] = sum(g.count or 1 for g in config.instance_group) or 1
+    return out
+
+
+def live_stubs(server_pid: int) -> Counter[str]:
+    """Model -> live stub processes of this server: its descendants (the TensorRT-LLM pod starts
+    tritonserver under mpirun), so other servers' stubs on the machine do not count. A stub's first
+    argument is `<repository>/<model>/<version>/model.py`."""
+    counts: Counter[str] = Counter()
+    try:
+        children = psutil.Process(server_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return counts
+    for child in children:
+        try:
+            argv = child.cmdline()
+            if child.status() != psutil.STATUS_ZOMBIE and argv and argv[0].endswith(STUB) and len(argv) > 1:
+                counts[Path(argv[1]).parent.parent.name] += 1
+        except psutil.Error:  # it ended while we looked
+            continue
+    return counts
+
+
+class HealthCheck:
+    """Judges one server's models, look after look; remembers since when a model has been LOADING.
+
+    A model an operator unloaded (UNAVAILABLE) is the operator's choice, not a fault."""
+
+    def __init__(self, expected_stubs: dict[str, int], load_timeout_s: float = LOAD_TIMEOUT_S) -> None:
+        self.expected_stubs = expected_stubs
+        self.load_timeout_s = load_timeout_s
+        self._loading_since: dict[str, float] = {}
+
+    def verdict(self, index: list[ModelState], stubs: Counter[str], now: float) -> str | None:
+        """Why this server cannot serve as loaded, or None. Take `index` before `stubs`: a model
+        reloaded between the two looks then shows its new stubs."""
+        loading = {m.name for m in index if m.state == "LOADING"}
+        self._loading_since = {name: self._loading_since.get(name, now) for name in loading}
+        for name, since in sorted(self._loading_since.items()):
+            if now - since > self.load_timeout_s:
+                return f"{name} has been LOADING for {now - since:.0f} s"
+        for m in index:
+            want = self.expected_stubs.get(m.name, 0)
+            if m.state == "READY" and stubs[m.name] < want:
+                return f"{m.name} is READY but {want - stubs[m.name]} of its {want} stub processes died"
+        return None
