@@ -6,7 +6,8 @@ target_engine gone every request fails, with spec_engine gone every request fall
 baseline. A reload through the repository API brings the stub back, but 2.51 can wedge in it, the
 model LOADING for ever (docs/robustness.md, "Limits"). In both cases `/v2/health/ready` still
 answers 200, so neither a load balancer nor a kubelet sees anything wrong. The supervisor does
-(`Replica.poll`), and restarts the server.
+(`Replica.poll`): it reloads spec_engine, which the server can do without meanwhile, and restarts
+the server for anything else.
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ STUB = "triton_python_backend_stub"
 LOAD_TIMEOUT_S = 300.0
 
 
+# Models the server serves without: the gate puts every request on the baseline while spec_engine is
+# away (docs/robustness.md), so a dead spec_engine stub is reloaded, not the whole server restarted.
+RELOADABLE = frozenset({"spec_engine"})
+
+
+class Fault(BaseModel):
+    model: str
+    reason: str  # what the supervisor prints
+    wedged: bool = False  # LOADING too long: only a restart ends it
+
+
 class ModelState(BaseModel):
     """One row of Triton's repository index (`POST /v2/repository/index`)."""
 
@@ -36,15 +48,27 @@ class ModelState(BaseModel):
     reason: str = ""
 
 
+def _repository(http_port: int, headers: dict[str, str], path: str, timeout_s: float) -> bytes:
+    """POST to Triton's model-repository API (it sits behind the admin key: `headers`)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/{path}", data=b"{}", headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return r.read()
+
+
 def repository_index(http_port: int, headers: dict[str, str], timeout_s: float = 5.0) -> list[ModelState] | None:
     """The server's model states; None when it does not answer (a busy or stopping server is not
     judged here: its liveness is the process check's and the probes')."""
-    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/index", data=b"{}", headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return [ModelState(**row) for row in json.loads(r.read())]
+        return [ModelState(**row) for row in json.loads(_repository(http_port, headers, "index", timeout_s))]
     except (OSError, ValueError):
         return None
+
+
+def reload_model(http_port: int, headers: dict[str, str], model: str) -> None:
+    """Unload, then load: on 2.51 a `load` alone of a model whose files did not change may do
+    nothing, also when its stub is dead. Raises OSError (urllib's HTTPError names Triton's reason)."""
+    for action in ("unload", "load"):
+        _repository(http_port, headers, f"models/{model}/{action}", LOAD_TIMEOUT_S)
 
 
 def python_instances(repo: Path) -> dict[str, int]:
@@ -90,16 +114,16 @@ class HealthCheck:
         self.load_timeout_s = load_timeout_s
         self._loading_since: dict[str, float] = {}
 
-    def verdict(self, index: list[ModelState], stubs: Counter[str], now: float) -> str | None:
-        """Why this server cannot serve as loaded, or None. Take `index` before `stubs`: a model
-        reloaded between the two looks then shows its new stubs."""
+    def verdict(self, index: list[ModelState], stubs: Counter[str], now: float) -> Fault | None:
+        """What keeps this server from serving as loaded, or None. Take `index` before `stubs`: a
+        model reloaded between the two looks then shows its new stubs."""
         loading = {m.name for m in index if m.state == "LOADING"}
         self._loading_since = {name: self._loading_since.get(name, now) for name in loading}
         for name, since in sorted(self._loading_since.items()):
             if now - since > self.load_timeout_s:
-                return f"{name} has been LOADING for {now - since:.0f} s"
+                return Fault(model=name, reason=f"{name} has been LOADING for {now - since:.0f} s", wedged=True)
         for m in index:
             want = self.expected_stubs.get(m.name, 0)
             if m.state == "READY" and stubs[m.name] < want:
-                return f"{m.name} is READY but {want - stubs[m.name]} of its {want} stub processes died"
+                return Fault(model=m.name, reason=f"{m.name} is READY but {want - stubs[m.name]} of its {want} stub processes died")
         return None

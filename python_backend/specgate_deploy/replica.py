@@ -2,7 +2,8 @@
 
 Started with specgate_launcher's own functions, so a replica is exactly what `make serve` runs. What is
 added here is the life cycle around them: restart a tritonserver that died or can no longer serve
-(specgate_deploy.health: a dead engine stub, a model wedged LOADING), and drain on shutdown.
+(specgate_deploy.health: a dead stub, a model wedged LOADING; a dead spec_engine stub is reloaded
+instead), and drain on shutdown.
 
 Drain, as measured on the bundled Triton 2.51: on SIGTERM tritonserver closes its HTTP port at once
 (readiness probes and HAProxy's health check fail, so no new traffic arrives), lets every request in
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -66,8 +68,8 @@ class Replica:
     _started_at: float = field(default=0.0, repr=False)
     _health: health.HealthCheck | None = field(default=None, repr=False)
     _last_look: float = field(default=0.0, repr=False)
-    _suspect: str | None = field(default=None, repr=False)  # what the last look found wrong
-    _stop_by: float | None = field(default=None, repr=False)  # set while a server is drained for a restart
+    _suspect: health.Fault | None = field(default=None, repr=False)  # what the last look found wrong
+    _reloading: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def server_log(self) -> Path:
@@ -97,31 +99,24 @@ class Replica:
         self.status = "starting" if self.restarts == 0 else "restarting"
         self._started_at = self._last_look = time.monotonic()
         self._health = health.HealthCheck(health.python_instances(self.repo))
-        self._suspect = self._stop_by = None
+        self._suspect = None
 
     def poll(self) -> bool:
         """Advance the life cycle by one look; True when something changed (the replicas file is
-        rewritten then). A dead tritonserver is restarted, and so is one whose models cannot serve
-        (drained first, as on shutdown); the front, a client that reconnects, stays."""
+        rewritten then). A dead tritonserver is restarted, and so is one whose models cannot serve;
+        the front, a client that reconnects, stays."""
         if self.server is None or self.status in ("draining", "stopped"):
             return False
         if self.server.poll() is not None:
             if not self.restart_on_exit or self.failed_to_start:
                 return False
             print(f"[replicas] {self.name}: tritonserver (pid {self.server.pid}) exited with code {self.server.returncode}; restarting it", flush=True)
-            launcher.stop(self.server)  # its stubs, which a killed server leaves behind
-            self.restarts += 1
-            self.start()
+            self._restart()
             return True
         if self.front is not None and self.front.poll() is not None:
             print(f"[replicas] {self.name}: the front exited with code {self.front.returncode}; restarting it", flush=True)
             self._start_front()
             return True
-        if self._stop_by is not None:  # draining for a restart: the exit above restarts it
-            if time.monotonic() > self._stop_by:
-                print(f"[replicas] {self.name}: tritonserver still running {self.drain_s} s after SIGTERM; killing it", flush=True)
-                launcher.stop(self.server, timeout_s=5)
-            return False
         if self.status == "ready":
             return self._look()
         if self.status in ("starting", "restarting") and is_ready(self.ports):
@@ -137,23 +132,45 @@ class Replica:
             return True
         return False
 
+    def _restart(self) -> None:
+        launcher.stop(self.server, timeout_s=5)  # and its stubs, which a killed server leaves behind
+        if self.restart_on_exit:  # else the server's end is the container's, and the kubelet's to restart
+            self.restarts += 1
+            self.start()
+
     def _look(self) -> bool:
-        """Every `health_interval_s`, judge the ready server's models; a fault seen on two looks in a
-        row (not a reload caught half-way) drains the server for a restart."""
+        """Every `health_interval_s`, judge the ready server's models. A fault seen on two looks in a
+        row (not a reload caught half-way) has spec_engine reloaded, or the server restarted at once:
+        not drained, since the requests on a dead model have failed already, and a drain waits out its
+        whole period for the gate's streams to it, which Triton never ends (docs/robustness.md)."""
         now = time.monotonic()
         if now - self._last_look < self.health_interval_s:
             return False
         self._last_look = now
-        index = health.repository_index(self.ports.http, launcher.admin_headers(self.admin_header))
+        headers = launcher.admin_headers(self.admin_header)
+        index = health.repository_index(self.ports.http, headers)
         fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now)
         seen_before, self._suspect = self._suspect, fault
         if fault is None or seen_before is None:
             return False
-        print(f"[replicas] {self.name}: {fault}; restarting tritonserver (requests in flight get up to {self.drain_s} s)", flush=True)
-        self.server.send_signal(signal.SIGTERM)
-        self.status = "restarting"
-        self._stop_by = now + self.drain_s + 10  # its own --exit-timeout-secs, then time to exit
+        if fault.model in health.RELOADABLE and not fault.wedged:
+            if self._reloading is None or not self._reloading.is_alive():
+                print(f"[replicas] {self.name}: {fault.reason}; reloading it (meanwhile the baseline serves)", flush=True)
+                self._reloading = threading.Thread(target=self._reload, args=(fault.model, headers), name=f"reload-{fault.model}", daemon=True)
+                self._reloading.start()
+            return False
+        print(f"[replicas] {self.name}: {fault.reason}; {'restarting' if self.restart_on_exit else 'stopping'} tritonserver", flush=True)
+        self._restart()
         return True
+
+    def _reload(self, model: str, headers: dict[str, str]) -> None:
+        """In a thread: a load takes seconds to minutes, and the supervisor keeps looking meanwhile (a
+        load that wedges is then a restart)."""
+        try:
+            health.reload_model(self.ports.http, headers, model)
+            print(f"[replicas] {self.name}: {model} reloaded", flush=True)
+        except OSError as e:  # it stays unloaded, and the baseline serves; the operator reads why
+            print(f"[replicas] {self.name}: reloading {model} failed: {e}", flush=True)
 
     def _start_front(self) -> None:
         self.front = launcher.start_front(self.ports, self.front_log)

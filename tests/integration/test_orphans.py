@@ -6,7 +6,7 @@ tritonserver died (the backend's own check of its parent passes while the parent
 zombie). Each test starts a server of its own, on its own rendered repository (so that its stubs are
 never confused with the session server's), and kills it. And a tritonserver that dies under
 `make serve` is replaced, not left dead (Triton 2.51 can abort when a stub dies), and so is one that
-lost an engine's stub.
+lost target_engine's stub; a dead spec_engine stub is reloaded.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repositor
 
 
 # what is killed (a word of its command line), and how: as Triton's abort does; as an OOM kill does
-FAULTS = {"server-aborted": ("tritonserver ", signal.SIGABRT), "engine-stub-killed": ("/target_engine/1/model.py", signal.SIGKILL)}
+FAULTS = {"server-aborted": ("tritonserver ", signal.SIGABRT), "target-engine-stub-killed": ("/target_engine/1/model.py", signal.SIGKILL)}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -189,6 +189,35 @@ def test_the_launcher_restarts_a_tritonserver_that_died_or_cannot_serve(reposito
             time.sleep(0.5)
         r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
         print(f"\n{fault}: serving again after {restarted_s:.0f} s; the new front answered HTTP {r.status_code}")
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+        os.kill(launcher.pid, signal.SIGTERM)
+        launcher.wait(timeout=120)
+        left = _wait_gone(ours, GONE_WITHIN_S)
+        assert not left, [_cmdline(p) for p in left]
+    finally:
+        _end(launcher, ours)
+
+
+def test_the_launcher_reloads_a_dead_spec_engine_and_keeps_the_server(repository: Path) -> None:
+    """The server serves without spec_engine (on the baseline), so its dead stub is reloaded through
+    the repository API, not the server restarted."""
+    log = OUT / "launcher-spec-engine-stub-killed.log"
+    launcher, ports = _start_launcher(repository, log)
+    ours: set[int] = set()
+    try:
+        ours, kinds = _ours(launcher)
+        (server,) = [p for p, k in zip(ours, kinds) if "tritonserver " in k]
+        (stub,) = [p for p, k in zip(ours, kinds) if "/spec_engine/1/model.py" in k]
+        os.kill(stub, signal.SIGKILL)
+        started = time.monotonic()
+        _wait_log(launcher, log, "spec_engine reloaded", timeout_s=600)
+        reloaded_s = time.monotonic() - started
+        ours |= _descendants(launcher.pid)
+        (new_stub,) = [p for p in _alive(ours) if "/spec_engine/1/model.py" in _cmdline(p)]
+        assert server in _alive(ours) and new_stub != stub and log.read_text().count("ready after") == 1
+        body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+        r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
+        print(f"\nspec_engine's stub killed: reloaded after {reloaded_s:.0f} s, same server; the front answered HTTP {r.status_code}")
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
         os.kill(launcher.pid, signal.SIGTERM)
         launcher.wait(timeout=120)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from specgate_deploy.health import STUB, HealthCheck, ModelState, live_stubs, python_instances
+from specgate_deploy.health import STUB, Fault, HealthCheck, ModelState, live_stubs, python_instances
 
 CONFIGS = {
     "llm": 'platform: "ensemble"\n',
@@ -40,9 +40,10 @@ def test_a_ready_model_missing_a_stub_is_a_fault_an_unloaded_one_is_not() -> Non
     check = HealthCheck({"preprocessing": 2, "target_engine": 1})
     ready = _states(llm="READY", preprocessing="READY", target_engine="READY")
     assert check.verdict(ready, Counter(preprocessing=2, target_engine=1), now=0.0) is None
-    assert check.verdict(ready, Counter(preprocessing=1, target_engine=1), now=1.0) == (
-        "preprocessing is READY but 1 of its 2 stub processes died")
-    assert check.verdict(ready, Counter(preprocessing=2), now=2.0) == "target_engine is READY but 1 of its 1 stub processes died"
+    assert check.verdict(ready, Counter(preprocessing=1, target_engine=1), now=1.0) == Fault(
+        model="preprocessing", reason="preprocessing is READY but 1 of its 2 stub processes died")
+    assert check.verdict(ready, Counter(preprocessing=2), now=2.0) == Fault(
+        model="target_engine", reason="target_engine is READY but 1 of its 1 stub processes died")
     unloaded = _states(llm="UNAVAILABLE", preprocessing="READY", target_engine="UNAVAILABLE")
     assert check.verdict(unloaded, Counter(preprocessing=2), now=3.0) is None
 
@@ -52,7 +53,8 @@ def test_a_model_loading_past_the_timeout_is_a_fault_and_a_finished_load_resets_
     loading = _states(target_engine="LOADING")
     assert check.verdict(loading, Counter(), now=1000.0) is None
     assert check.verdict(loading, Counter(), now=1300.0) is None
-    assert check.verdict(loading, Counter(), now=1301.0) == "target_engine has been LOADING for 301 s"
+    assert check.verdict(loading, Counter(), now=1301.0) == Fault(
+        model="target_engine", reason="target_engine has been LOADING for 301 s", wedged=True)
     assert check.verdict(_states(target_engine="READY"), Counter(target_engine=1), now=1302.0) is None
     assert check.verdict(loading, Counter(), now=1400.0) is None  # a new load counts from its own start
 

@@ -1,6 +1,6 @@
 """The replica supervisor's life cycle (specgate_deploy.replica) around a stand-in server process: a
 server that never became ready is not restarted; a ready one found unable to serve on two looks in a
-row is drained (SIGTERM) and started again. With the real tritonserver: tests/integration/test_orphans.py."""
+row is restarted, or has spec_engine reloaded. With the real tritonserver: tests/integration/test_orphans.py."""
 
 from __future__ import annotations
 
@@ -45,41 +45,73 @@ def test_a_server_that_never_became_ready_is_not_restarted(tmp_path: Path) -> No
     assert "broken config" in r.log_tail()
 
 
-def test_a_ready_server_with_a_dead_stub_is_drained_and_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "target_engine").mkdir()
-    (tmp_path / "target_engine" / "config.pbtxt").write_text('name: "target_engine"\nbackend: "python"\n')
-    stubs = Counter(target_engine=1)
-    monkeypatch.setattr(health, "repository_index", lambda *_: [ModelState(name="target_engine", state="READY")])
+@pytest.fixture
+def looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Counter, list[str]]:
+    """A ready server's looks, stubbed: both engines READY with the stubs left in the Counter; the
+    repository calls a reload makes are recorded."""
+    for model in ("target_engine", "spec_engine"):
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.pbtxt").write_text(f'name: "{model}"\nbackend: "python"\n')
+    stubs = Counter(target_engine=1, spec_engine=1)
+    reloads: list[str] = []
+    monkeypatch.setattr(health, "repository_index", lambda *_: [ModelState(name=m, state="READY") for m in ("target_engine", "spec_engine")])
     monkeypatch.setattr(health, "live_stubs", lambda pid: stubs)
+    monkeypatch.setattr(health, "reload_model", lambda port, headers, model: reloads.append(model))
     monkeypatch.setattr(launcher, "admin_headers", lambda header: {})
     monkeypatch.setattr(launcher, "start_front", lambda ports, log: subprocess.Popen(["sleep", "60"]))
-    r, started = _replica(tmp_path, "exec sleep 60")  # SIGTERM ends it, as it ends a draining tritonserver
+    return stubs, reloads
+
+
+def _ready(tmp_path: Path) -> tuple[Replica, list[subprocess.Popen]]:
+    r, started = _replica(tmp_path, "trap '' INT TERM; sleep 60")  # a server slow to stop: it is killed
     r.start()
     r.status = "ready"  # as if it had answered /v2/health/ready
+    return r, started
+
+
+def _end(r: Replica, started: list[subprocess.Popen]) -> None:
+    for p in started + [r.front]:
+        if p is not None:
+            p.kill()
+            p.wait()
+
+
+def test_a_ready_server_with_a_dead_engine_stub_is_restarted_at_once(tmp_path: Path, looks) -> None:
+    stubs, reloads = looks
+    r, started = _ready(tmp_path)
     try:
         assert not r.poll() and not r.poll()  # healthy: nothing happens
         del stubs["target_engine"]  # its stub died
         assert not r.poll()  # seen once: could be a reload caught half-way
-        assert r.poll() and r.status == "restarting"  # seen twice: drained for a restart
-        _until(lambda: started[0].poll() is not None)
-        assert started[0].returncode == -15  # SIGTERM, not a kill
-        assert r.poll() and r.restarts == 1 and len(started) == 2 and r.server is started[1]
-        assert not r.failed_to_start  # a restart that fails is retried: the server did serve before
+        t0 = time.monotonic()
+        assert r.poll()  # seen twice: restarted, without waiting out a drain
+        assert time.monotonic() - t0 < 10 and started[0].poll() is not None
+        assert r.restarts == 1 and len(started) == 2 and r.server is started[1] and r.status == "restarting"
+        assert not r.failed_to_start and not reloads  # a restart that fails is retried: the server did serve before
     finally:
-        for p in started + [r.front]:
-            if p is not None:
-                p.kill()
-                p.wait()
+        _end(r, started)
 
 
-def test_a_server_that_ignores_the_drain_is_killed(tmp_path: Path) -> None:
-    r, started = _replica(tmp_path, "trap '' TERM; exec sleep 60")
-    r.start()
-    r._stop_by = time.monotonic() - 1  # drained for a restart, past its deadline
+def test_a_dead_spec_engine_stub_is_reloaded_and_the_server_kept(tmp_path: Path, looks) -> None:
+    stubs, reloads = looks
+    r, started = _ready(tmp_path)
     try:
-        assert not r.poll()
-        assert started[0].poll() is not None  # killed with its process group
+        del stubs["spec_engine"]
+        assert not r.poll() and not r.poll()
+        r._reloading.join(10)
+        assert reloads == ["spec_engine"] and r.restarts == 0 and started[0].poll() is None and r.status == "ready"
     finally:
-        for p in started:
-            p.kill()
-            p.wait()
+        _end(r, started)
+
+
+def test_in_a_container_a_server_that_cannot_serve_is_stopped_for_the_kubelet(tmp_path: Path, looks) -> None:
+    stubs, _ = looks
+    r, started = _ready(tmp_path)
+    r.restart_on_exit = False
+    try:
+        del stubs["target_engine"]
+        r.poll()
+        r.poll()
+        assert started[0].poll() is not None and len(started) == 1 and r.restarts == 0
+    finally:
+        _end(r, started)
