@@ -156,6 +156,18 @@ def test_a_launcher_that_dies_takes_the_server_stubs_and_front_with_it(repositor
         _end(launcher, ours)
 
 
+def _serves_then_stops_cleanly(launcher: subprocess.Popen, ports: Ports, ours: set[int], what: str) -> None:
+    """The front answers a chat completion, and SIGTERM to the launcher then leaves nothing of ours."""
+    body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
+    print(f"\n{what}; the front answered HTTP {r.status_code}")
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
+    os.kill(launcher.pid, signal.SIGTERM)
+    launcher.wait(timeout=120)
+    left = _wait_gone(ours, GONE_WITHIN_S)
+    assert not left, [_cmdline(p) for p in left]
+
+
 # what is killed (a word of its command line), and how: as Triton's abort does; as an OOM kill does
 FAULTS = {"server-aborted": ("tritonserver ", signal.SIGABRT), "target-engine-stub-killed": ("/target_engine/1/model.py", signal.SIGKILL)}
 
@@ -183,17 +195,10 @@ def test_the_launcher_restarts_a_tritonserver_that_died_or_cannot_serve(reposito
         ours |= _descendants(launcher.pid)
         _ours(launcher)  # one tritonserver, one front again: the old ones are gone
         assert server not in _alive(ours)
-        body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
         deadline = time.monotonic() + 120  # the new front starts once the new server is ready
         while not _answers(f"http://127.0.0.1:{ports.front}/v1/models") and time.monotonic() < deadline:
             time.sleep(0.5)
-        r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
-        print(f"\n{fault}: serving again after {restarted_s:.0f} s; the new front answered HTTP {r.status_code}")
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
-        os.kill(launcher.pid, signal.SIGTERM)
-        launcher.wait(timeout=120)
-        left = _wait_gone(ours, GONE_WITHIN_S)
-        assert not left, [_cmdline(p) for p in left]
+        _serves_then_stops_cleanly(launcher, ports, ours, f"{fault}: serving again after {restarted_s:.0f} s")
     finally:
         _end(launcher, ours)
 
@@ -215,14 +220,7 @@ def test_the_launcher_reloads_a_dead_spec_engine_and_keeps_the_server(repository
         ours |= _descendants(launcher.pid)
         (new_stub,) = [p for p in _alive(ours) if "/spec_engine/1/model.py" in _cmdline(p)]
         assert server in _alive(ours) and new_stub != stub and log.read_text().count("ready after") == 1
-        body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
-        r = requests.post(f"http://127.0.0.1:{ports.front}/v1/chat/completions", json=body, timeout=120)
-        print(f"\nspec_engine's stub killed: reloaded after {reloaded_s:.0f} s, same server; the front answered HTTP {r.status_code}")
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
-        os.kill(launcher.pid, signal.SIGTERM)
-        launcher.wait(timeout=120)
-        left = _wait_gone(ours, GONE_WITHIN_S)
-        assert not left, [_cmdline(p) for p in left]
+        _serves_then_stops_cleanly(launcher, ports, ours, f"spec_engine's stub killed: reloaded after {reloaded_s:.0f} s, same server")
     finally:
         _end(launcher, ours)
 
