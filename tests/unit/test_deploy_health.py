@@ -4,7 +4,6 @@ tests/integration/test_orphans.py."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -61,8 +60,9 @@ def test_a_model_loading_past_the_timeout_is_a_fault_and_a_finished_load_resets_
 
 def test_live_stubs_counts_this_servers_children_by_model_and_not_the_dead(tmp_path: Path) -> None:
     """A stand-in stub: python under the stub's name, running `<repository>/<model>/1/model.py` as the
-    backend starts one. This test's process stands for tritonserver: a direct child, then a
-    grandchild (under mpirun, as in the TensorRT-LLM pod)."""
+    backend starts one, under a stand-in server that never reaps it (a dead stub stays a zombie): as
+    its child, then as its grandchild (under mpirun, as in the TensorRT-LLM pod). Not this test's own
+    children: the suite's tritonserver and its stubs are among them."""
     stub = tmp_path / STUB
     stub.symlink_to(sys.executable)
     model = tmp_path / "repo" / "target_engine" / "1" / "model.py"
@@ -73,20 +73,23 @@ def test_live_stubs_counts_this_servers_children_by_model_and_not_the_dead(tmp_p
 
 
 def _count_one_then_none(argv: list[str]) -> None:
-    proc = subprocess.Popen(argv)
+    server = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; p = subprocess.Popen({argv!r}); time.sleep(60)"])
     try:
         deadline = time.monotonic() + 10
-        while live_stubs(os.getpid())["target_engine"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)  # until exec has replaced the forked test process
-        assert live_stubs(os.getpid()) == Counter(target_engine=1)
-        (stub,) = [p for p in psutil.Process().children(recursive=True) if p.name() == STUB]
+        while live_stubs(server.pid)["target_engine"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until exec has replaced the forked process
+        assert live_stubs(server.pid) == Counter(target_engine=1)
+        (stub,) = [p for p in psutil.Process(server.pid).children(recursive=True) if p.name() == STUB]
         stub.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while live_stubs(os.getpid()) and time.monotonic() < deadline:
+        while live_stubs(server.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert live_stubs(os.getpid()) == Counter()  # dead, a zombie until reaped: not alive
-        proc.wait()
-        assert live_stubs(proc.pid) == Counter()  # a server that is gone has no stubs
+        assert live_stubs(server.pid) == Counter()  # dead (a zombie, its parent never waits): not alive
+        server.kill()
+        server.wait()
+        assert live_stubs(server.pid) == Counter()  # a server that is gone has no stubs
     finally:
-        proc.kill()
-        proc.wait()
+        for p in psutil.Process(server.pid).children(recursive=True) if server.poll() is None else []:
+            p.kill()
+        server.kill()
+        server.wait()
