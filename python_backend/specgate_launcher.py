@@ -356,7 +356,7 @@ def main() -> None:
                     f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
                     f"  logs     {log}, {replica.front_log.name} (a restarted server's last log: .log.1)\n"
                     f"  try:     python clients/generate.py 'Hello!' --stream\n"
-                    f"A tritonserver that dies or loses an engine is restarted. Ctrl-C stops the server and the front.",
+                    f"A tritonserver that dies or loses a stub is restarted (a dead spec_engine is reloaded). Ctrl-C stops the server and the front.",
                     flush=True,
                 )
             time.sleep(1)
