@@ -49,7 +49,10 @@ class ModelState(BaseModel):
 
 
 def _repository(http_port: int, headers: dict[str, str], path: str, timeout_s: float) -> bytes:
-    """POST to Triton's model-repository API (it sits behind the admin key: `headers`)."""
+    """POST to Triton's model-repository API (it sits behind the admin key: `headers`).
+
+    urllib, as the supervisor's readiness check (`replica.is_ready`), rather than tritonclient's HTTP
+    client: that one runs on gevent, and a client is not to be shared with the reload thread."""
     req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/{path}", data=b"{}", headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
         return r.read()
