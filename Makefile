@@ -28,11 +28,11 @@ $(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py
 	$(VPY) build/install_llamacpp.py
 	@touch $(STAMP)
 
-build-engines: setup  ## ENGINE=cpu (default, llama.cpp; MODEL=any chat GGUF, DRAFT=its draft GGUF; EXACT=0 turns exact greedy off; STREAM_INTERVAL_MS=50 how often a stream answers, 0 = every token) | torch (the PyTorch reference; DTYPE=auto|float32|bfloat16) | trtllm
+build-engines: setup  ## ENGINE=cpu (default, llama.cpp; MODEL=any chat GGUF, DRAFT=its draft GGUF; EXACT=0 turns exact greedy off; STREAM_INTERVAL_MS=20 a fixed streaming interval, 0 = every token; unset, the engine measures what a response costs and streams within STREAM_COST_BUDGET=0.05 of decode time) | torch (the PyTorch reference; DTYPE=auto|float32|bfloat16) | trtllm
 ifeq ($(ENGINE),trtllm)
 	$(VPY) -m build.build_engines --engine trtllm --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
 else
-	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(filter 0 false no,$(EXACT)),--no-exact) $(if $(STREAM_INTERVAL_MS),--stream-interval-ms $(STREAM_INTERVAL_MS))
+	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(filter 0 false no,$(EXACT)),--no-exact) $(if $(STREAM_INTERVAL_MS),--stream-interval-ms $(STREAM_INTERVAL_MS)) $(if $(STREAM_COST_BUDGET),--stream-cost-budget $(STREAM_COST_BUDGET))
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=); REPLICAS=N: N of them behind HAProxy with a Prometheus (docs/deploy.md)

@@ -64,6 +64,7 @@ def build_cpu(args: argparse.Namespace) -> None:
         "num_threads": args.threads,
         "exact": args.exact,
         "stream_interval_ms": args.stream_interval_ms,
+        "stream_cost_budget": args.stream_cost_budget,
     }
     target_cfg = eng_dir / "target_engine.json"
     target_cfg.write_text(EngineConfig.model_validate({**common, "max_batch_size": args.max_batch_size}).model_dump_json(indent=2))
@@ -121,8 +122,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="compute threads per engine (0: one per core for llama.cpp, the launcher's setting for torch)")
     ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
                     help="llama.cpp's batch-invariant mode: greedy output identical across routes, budgets and batches (docs/engines.md, 'Exact greedy')")
-    ap.add_argument("--stream-interval-ms", type=float, default=EngineConfig.model_fields["stream_interval_ms"].default,
-                    help="streamed responses at most this often; 0 = one per decode step")
+    ap.add_argument("--stream-interval-ms", type=float, default=None,
+                    help="a fixed interval: streamed responses at most this often, 0 = one per decode step "
+                         "(default: each engine measures what a response costs it and streams within --stream-cost-budget)")
+    ap.add_argument("--stream-cost-budget", type=float, default=EngineConfig.model_fields["stream_cost_budget"].default,
+                    help="the share of decode time streamed responses may cost, where the interval is measured")
     ap.add_argument("--calibration-override", default=None, help="JSON of specgate.decoding.config.CalibrationOverride: measurements spec_engine pins (tests)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)

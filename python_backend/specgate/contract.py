@@ -153,6 +153,10 @@ ENGINE_ACTIVE_METRIC = "specgate_engine_active_requests"
 ENGINE_KV_METRIC = "specgate_engine_kv_cache_tokens"
 ENGINE_TOKENS_METRIC = "specgate_engine_generated_tokens_total"
 ENGINE_CANCELLED_METRIC = "specgate_engine_cancelled_total"
+# ... and its streaming (cost_model/stream_pacer.py): the interval it streams at, and what one streamed
+# response was measured to cost its decode (absent until measured, and with a fixed interval).
+ENGINE_STREAM_INTERVAL_METRIC = "specgate_engine_stream_interval_seconds"
+ENGINE_RESPONSE_COST_METRIC = "specgate_engine_response_cost_seconds"
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ PROMPT = "Write a very long story about a dragon who learns to program computers
 LONG = GenerateParams(max_tokens=400, num_speculative_tokens=4, speculative_algorithm="ngram")
 SEEN = 4  # tokens the client reads before it cancels
 # Tokens the engine may generate past what the client saw: those already on their way to it (a
-# streamed response goes out at most every stream_interval_ms, 100: up to about 15 tokens of
-# llama.cpp on a fast CPU), those made while the cancel travels postprocessing -> gate -> engine (a
+# streamed response goes out at most every stream interval, which the engine measures and keeps
+# within 100 ms: up to about 30 tokens of llama.cpp on a fast CPU), those made while the cancel travels postprocessing -> gate -> engine (a
 # few steps), and the step under way when the engine hears of it (up to k + 1 = 5 tokens for
 # spec_engine). Measured with a 40 ms interval: 5-16 past what was seen; a cancel that did not stop
 # the engine runs to 400.

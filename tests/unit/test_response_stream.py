@@ -12,6 +12,7 @@ pb.install()
 
 from specgate.decoding.request import Event  # noqa: E402
 from specgate.serving.engine_client import _stats  # noqa: E402
+from specgate.cost_model.stream_pacer import StreamPacer  # noqa: E402
 from specgate.serving.engine_model import ResponseStream  # noqa: E402
 from specgate.stats import SpecStats  # noqa: E402
 
@@ -80,3 +81,19 @@ def test_draft_statistics_travel_only_when_they_change_and_the_gate_still_reads_
     assert carried == [False, False, True, False, True, True]
     assert len(sender.sent) == len(events)
 
+
+
+def test_a_paced_stream_sends_when_due_and_reports_each_response_to_its_pacer() -> None:
+    """The pacer learns from the responses it is told of, and only while a stream is open (from its
+    first event to its last): a stream that forgot either would teach it a wrong cost."""
+    sender = pb.ResponseSender()
+    pacer = StreamPacer()  # measuring: before its first fit, a response at most every START_INTERVAL_MS
+    stream = ResponseStream(sender, streaming=True, outbox=Outbox(), pacer=pacer)  # type: ignore[arg-type]
+    assert pacer._streams == 0
+    for tok in (5, 6, 7):
+        stream(Event([tok]))
+    assert pacer._streams == 1
+    stream(Event([8], finished=True))
+    sent = [pb.get_output_tensor_by_name(r, "output_ids").as_numpy().reshape(-1).tolist() for r, _ in sender.sent]
+    assert sent == [[5], [6, 7, 8]]  # the first at once, the rest held until the last
+    assert pacer._sends == 2 and pacer._streams == 0

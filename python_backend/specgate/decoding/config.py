@@ -50,10 +50,13 @@ class EngineConfig(BaseModel):
     # what else its decode holds, so greedy output is one answer whatever the route, the draft
     # budget or the batch (docs/engines.md, "Exact greedy", with what it costs)
     exact: bool = Field(True, description="llamacpp: batch-invariant kernels (greedy output identical across routes, budgets and batches)")
-    # each streamed response costs work in the gate, postprocessing and the HTTP front on the cores
-    # llama.cpp decodes on, so fewer of them keep the streamed baseline near plain llama.cpp
-    # (docs/engines.md, "Threads, and engines that take turns")
-    stream_interval_ms: float = Field(50.0, ge=0, description="streamed responses at most this often (tokens in between go together); 0 = one per step")
+    # each streamed response costs work in the gate, postprocessing and Triton on the cores llama.cpp
+    # may decode on; what that costs depends on the machine, so by default the engine measures it and
+    # streams as finely as the budget allows (cost_model/stream_pacer.py, docs/engines.md, "Streaming")
+    stream_interval_ms: float | None = Field(
+        None, ge=0, description="a fixed interval: streamed responses at most this often (0 = one per step); unset = measured, within stream_cost_budget"
+    )
+    stream_cost_budget: float = Field(0.05, gt=0, lt=1, description="the share of decode time streamed responses may cost (a measured interval)")
     # spec_engine only: which drafters to load (n-gram needs no weights). The default algorithm lives
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")

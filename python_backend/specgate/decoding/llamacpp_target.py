@@ -158,7 +158,10 @@ class LlamaCppTarget(Target):
         with self._turn:
             start = time.perf_counter()
             rc = L.llama_decode(self._ctx, self._batch)
-            self._decode_ms = 1000 * (time.perf_counter() - start)
+            end = time.perf_counter()
+        self._decode_ms = 1000 * (end - start)
+        if self.on_decode is not None:
+            self.on_decode((n, outputs, features), start, end)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}" + (" (no room in the KV cache)" if rc == 1 else ""))
         # With embeddings on every token is an output; otherwise only the flagged ones, in batch order.

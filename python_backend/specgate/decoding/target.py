@@ -13,7 +13,7 @@ same code for both.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -38,6 +38,9 @@ class Target(ABC):
     # Milliseconds of compute in the last `verify` (waiting for the machine's compute lock excluded):
     # what the speculative engine's live cost curve learns from (goodput.LiveCurve).
     last_verify_ms: float = 0.0
+    # Told of every decode where set: its shape, and its perf_counter start and end. How a served
+    # engine measures what a streamed response costs its decode (cost_model/stream_pacer.py).
+    on_decode: Callable[[Hashable, float, float], None] | None = None
 
     @abstractmethod
     def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:

@@ -54,6 +54,13 @@ class TorchTarget(Target):
         )[0]
 
     def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
+        start = time.perf_counter()
+        logits = self._forward(items)
+        if self.on_decode is not None:
+            self.on_decode((sum(len(t) for _, t in items), len(items)), start, time.perf_counter())
+        return logits
+
+    def _forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
         out: list[Tensor | None] = [None] * len(items)
         singles = []
         for i, (slot, tokens) in enumerate(items):
@@ -93,7 +100,10 @@ class TorchTarget(Target):
         )
         self._pending = 1 + len(tree)
         logits = self.model.logits(hidden)
-        self.last_verify_ms = 1000 * (time.perf_counter() - began)
+        ended = time.perf_counter()
+        self.last_verify_ms = 1000 * (ended - began)
+        if self.on_decode is not None:
+            self.on_decode((1 + len(tree), chain, features), began, ended)
         return logits, hidden if features else None
 
     def commit(self, slot: int, keep: Sequence[int]) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_KV_METRIC, ENGINE_TOKENS_METRIC
+from specgate.contract import (
+    ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_KV_METRIC, ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC, ENGINE_TOKENS_METRIC,
+)
 
 
 class EngineMetrics:
@@ -28,6 +30,8 @@ class EngineMetrics:
         self._kv = metric(ENGINE_KV_METRIC, "Tokens held in the engine's KV cache when its latest request ended", mf.GAUGE)
         self._tokens = metric(ENGINE_TOKENS_METRIC, "Tokens the engine generated", mf.COUNTER)
         self._cancelled = metric(ENGINE_CANCELLED_METRIC, "Requests the engine stopped because they were cancelled", mf.COUNTER)
+        self._interval = metric(ENGINE_STREAM_INTERVAL_METRIC, "How often the engine sends a streamed response at most, with one stream open (N streams: N times that, within 0.1 s)", mf.GAUGE)
+        self._response_cost = metric(ENGINE_RESPONSE_COST_METRIC, "Decode time one streamed response was measured to cost", mf.GAUGE)
         self._lock = threading.Lock()  # metric updates are IPC calls into the stub: one at a time
         self._running = 0
 
@@ -46,3 +50,10 @@ class EngineMetrics:
                 self._kv.set(cached_tokens)
             if cancelled:
                 self._cancelled.increment(1)
+
+    def streaming(self, interval_ms: float, cost_ms: float | None) -> None:
+        """The pacer's interval and measured cost: at start and as each request ends."""
+        with self._lock:
+            self._interval.set(interval_ms / 1000)
+            if cost_ms is not None:
+                self._response_cost.set(cost_ms / 1000)

@@ -30,6 +30,7 @@ from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
 from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.stream_pacer import StreamPacer
 from specgate.decoding.config import CalibrationOverride
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.engine_metrics import EngineMetrics
@@ -86,10 +87,11 @@ class ResponseStream:
     """Turns one request's engine Events into Triton responses.
 
     The engine's decode loop only records events here; `ResponseSender`'s thread sends them, so a
-    decode step never waits for the IPC of a send. A streamed response goes out at most every
-    `interval_s` (the first and the last at once); tokens made in between go out together. Each
-    response costs CPU in four processes (this stub, Triton, the gate, postprocessing) on the same
-    cores the engine decodes on: one per token cost llama.cpp about a fifth of its speed.
+    decode step never waits for the IPC of a send. A streamed response goes out when the engine's
+    `pacer` says it is due (the first and the last at once); tokens made in between go out together.
+    Each response costs CPU in four processes (this stub, Triton, the gate, postprocessing) on the
+    cores the engine may decode on, and the pacer keeps that within a budget of the decode time
+    (cost_model/stream_pacer.py). Without a pacer every event is due.
     `on_final` runs on the sender's thread after the last response.
     """
 
@@ -98,10 +100,10 @@ class ResponseStream:
         sender: Any,
         streaming: bool,
         outbox: "ResponseSender",
-        interval_s: float = 0.0,
+        pacer: StreamPacer | None = None,
         on_final: Callable[["ResponseStream", Event], None] | None = None,
     ) -> None:
-        self.sender, self.streaming, self.outbox, self.interval_s = sender, streaming, outbox, interval_s
+        self.sender, self.streaming, self.outbox, self.pacer = sender, streaming, outbox, pacer
         self.on_final = on_final
         self.last_flush = float("-inf")
         self.tokens: list[int] = []  # everything emitted so far
@@ -115,12 +117,16 @@ class ResponseStream:
         self.stats_sent = astuple(SpecStats())
         self.scheduled = False
         self.lock = threading.Lock()
+        self.paced = False  # the pacer counts this stream as open: from its first event to its last
 
     def __call__(self, ev: Event) -> None:
+        if self.streaming and self.pacer is not None and not self.paced:
+            self.paced = True
+            self.pacer.opened()
         with self.lock:
             self.tokens += ev.tokens
             self.last = ev
-            due = ev.finished or (self.streaming and ev.tokens and time.monotonic() - self.last_flush >= self.interval_s)
+            due = ev.finished or (self.streaming and ev.tokens and (self.pacer is None or self.pacer.due(self.last_flush, time.monotonic())))
             if self.scheduled or not due:
                 return
             self.scheduled = True
@@ -156,9 +162,13 @@ class ResponseStream:
                     self.sender.send(self._response(tokens, ev, final), flags=FINAL if final else 0)
                 elif final:
                     self.sender.send(self._response(self.tokens, ev, final), flags=FINAL)
+                if self.pacer is not None:
+                    self.pacer.sent()
             except Exception:  # the client went away: the engine stops this request at its next step
                 log.warning("response stream failed", exc_info=True)
                 self.failed = True
+        if final and self.paced and self.pacer is not None:
+            self.pacer.closed()
         if final and self.on_final is not None:
             self.on_final(self, ev)
 
@@ -223,6 +233,9 @@ class EngineModel:
         self.live = LiveRequests()
         self.metrics = EngineMetrics(pb_utils, self.name)
         self.runner = self.make_runner(self.cfg)
+        self.pacer = StreamPacer(self.cfg.stream_cost_budget, self.cfg.stream_interval_ms)
+        self.runner_target().on_decode = self.pacer.decoded
+        self.metrics.streaming(self.pacer.interval_ms, self.pacer.cost_ms)
         info = self.runner_target().info
         log.info(
             "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads, self.cfg.max_batch_size
@@ -248,8 +261,7 @@ class EngineModel:
                 req, streaming = parse_engine_request(request, self.cfg)
                 key = params.get(PARAM_REQUEST_KEY)
                 key = None if key is None else str(key)
-                interval_s = self.cfg.stream_interval_ms / 1000
-                stream = ResponseStream(sender, streaming, self.outbox, interval_s, on_final=lambda s, ev, key=key: self._ended(s, ev, key))
+                stream = ResponseStream(sender, streaming, self.outbox, self.pacer, on_final=lambda s, ev, key=key: self._ended(s, ev, key))
                 self._track(stream, key)
                 try:
                     self.submit(req, stream, stream.is_cancelled, params)
@@ -291,6 +303,7 @@ class EngineModel:
         if key is not None:
             self.live.discard(key)
         self.metrics.ended(len(stream.tokens), final.cached_tokens, stream.cancelled)
+        self.metrics.streaming(self.pacer.interval_ms, self.pacer.cost_ms)
 
     def finalize(self) -> None:
         self.runner.shutdown()
