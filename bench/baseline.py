@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -146,7 +147,7 @@ def report(args: argparse.Namespace, machine: dict, served: EngineConfig, thread
     md = [
         f"# bench-baseline (greedy, up to {args.tokens} new tokens, {len(DECODE_PROMPTS)} prompts x {args.repeats} repeats)",
         "",
-        f"- command: `python -m bench.baseline --tokens {args.tokens} --repeats {args.repeats}` "
+        f"- command: `{' '.join(['python -m bench.baseline', *sys.argv[1:]])}` "
         f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f})",
         *machine_lines(machine),
         f"- engine: llama.cpp over {GGUF.name}, {threads} threads everywhere; served with exact={served.exact}; floor and engine use the served exact mode",

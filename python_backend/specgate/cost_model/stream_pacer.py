@@ -2,19 +2,19 @@
 
 A streamed response wakes the engine's response sender, Triton, the gate and postprocessing. Where
 the decode has every core (2 threads on 2 cores), that work preempts a decode thread and the other
-spins at a barrier: on a 2-core Ice Lake VM a response cost about 2.5 ms of decode time, a quarter
-of a token (docs/engines.md, "Threads"). On a machine with cores to spare it costs next to nothing.
+spins at a barrier: on a 2-core Ice Lake VM the engine measured 3-4 ms of decode time a response,
+a third of a token (docs/engines.md, "Streaming"). With a core to spare it costs far less.
 So no fixed interval is right everywhere, and the engine measures its own price:
 
 - while a streamed request is open (`opened`, `closed`: calibration and plain requests teach
-  nothing), every decode of the target reports its shape and duration (`Target.on_decode`), and every response
-  sent is counted (`sent`) in the window of the decode it overlapped (from the previous decode's end
-  to this one's) and the next one's, since its work spills over;
+  nothing), every decode of the target reports its shape and duration (`Target.on_decode`), and
+  every response sent is counted (`sent`) in the window of the decode it overlapped (from the
+  previous decode's end to this one's) and the next one's, since its work spills over;
 - a least-squares fit over the last `WINDOW` decodes, one intercept per decode shape (batch size,
   verification size) plus the responses in this window and the previous one, gives what one
   response adds: the sum of those two coefficients. The pacer takes it at one standard error above
-  the fit: on a noisy VM successive fits move by a few tenths of a millisecond, and too short an
-  interval is the side that costs the user;
+  the fit: on a noisy VM successive fits move by a millisecond or more, and too short an interval is
+  the side that costs the user;
 - one stream's interval is that cost over the budget (5% by default: 2.5 ms a response gives 50 ms),
   at most `MAX_INTERVAL_MS`; with no fit yet, `START_INTERVAL_MS`. N streams open at once (the
   batched baseline) each get N times that, within the same cap: what their responses cost together
