@@ -123,3 +123,21 @@ def test_a_fixed_interval_is_kept_and_nothing_is_measured() -> None:
 def test_a_budget_outside_0_1_is_refused() -> None:
     with pytest.raises(ValueError, match="budget"):
         StreamPacer(budget=1.5)
+
+
+def test_the_engine_exports_its_interval_at_once_and_a_cost_only_once_measured() -> None:
+    """A gauge that was never set reads 0 on the metrics port, which would say "a response is free":
+    the cost's series appears with the first measurement."""
+    from specgate.contract import ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC
+    from specgate.gate.metrics import InMemoryMetricFactory
+    from specgate.serving.engine_metrics import EngineMetrics
+
+    factory = InMemoryMetricFactory()
+    metrics = EngineMetrics(factory, "target_engine")
+    metrics.streaming(START_INTERVAL_MS, None)
+    assert factory.families[ENGINE_STREAM_INTERVAL_METRIC].value(model="target_engine") == START_INTERVAL_MS / 1000
+    assert not factory.families[ENGINE_RESPONSE_COST_METRIC].metrics
+    metrics.streaming(40.0, 2.0)
+    metrics.streaming(60.0, 3.0)
+    assert factory.families[ENGINE_RESPONSE_COST_METRIC].value(model="target_engine") == 0.003
+    assert factory.families[ENGINE_STREAM_INTERVAL_METRIC].value(model="target_engine") == 0.06

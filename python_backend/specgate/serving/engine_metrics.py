@@ -31,7 +31,11 @@ class EngineMetrics:
         self._tokens = metric(ENGINE_TOKENS_METRIC, "Tokens the engine generated", mf.COUNTER)
         self._cancelled = metric(ENGINE_CANCELLED_METRIC, "Requests the engine stopped because they were cancelled", mf.COUNTER)
         self._interval = metric(ENGINE_STREAM_INTERVAL_METRIC, "How often the engine sends a streamed response at most, with one stream open (N streams: N times that, within 0.1 s)", mf.GAUGE)
-        self._response_cost = metric(ENGINE_RESPONSE_COST_METRIC, "Decode time one streamed response was measured to cost", mf.GAUGE)
+        # its sample appears with the first measurement: a gauge never set would read 0, "free"
+        self._cost_family = mf(name=ENGINE_RESPONSE_COST_METRIC, description="Decode time one streamed response was measured to cost", kind=mf.GAUGE)
+        self._families.append(self._cost_family)
+        self._response_cost: Any = None
+        self._model = model
         self._lock = threading.Lock()  # metric updates are IPC calls into the stub: one at a time
         self._running = 0
 
@@ -55,5 +59,8 @@ class EngineMetrics:
         """The pacer's interval and measured cost: at start and as each request ends."""
         with self._lock:
             self._interval.set(interval_ms / 1000)
-            if cost_ms is not None:
-                self._response_cost.set(cost_ms / 1000)
+            if cost_ms is None:
+                return
+            if self._response_cost is None:
+                self._response_cost = self._cost_family.Metric(labels={"model": self._model})
+            self._response_cost.set(cost_ms / 1000)
