@@ -97,3 +97,19 @@ def test_a_paced_stream_sends_when_due_and_reports_each_response_to_its_pacer() 
     sent = [pb.get_output_tensor_by_name(r, "output_ids").as_numpy().reshape(-1).tolist() for r, _ in sender.sent]
     assert sent == [[5], [6, 7, 8]]  # the first at once, the rest held until the last
     assert pacer._sends == 2 and pacer._streams == 0
+
+
+def test_a_probe_s_hold_never_delays_a_stream_s_first_tokens() -> None:
+    """The pacer holds every stream's responses for a few decodes now and then (its probes); a request
+    whose first tokens fell into one waited for them: its time to first token grew by the hold.
+    (A CI run saw the gate's load hand-over test fail this way: the first request had ended by the
+    time its first tokens reached the client.)"""
+    sender = pb.ResponseSender()
+    pacer = StreamPacer()
+    pacer._hold_until = pacer._count + 4  # a probe under way
+    assert not pacer.due(float("-inf"), 0.0)
+    stream = ResponseStream(sender, streaming=True, outbox=Outbox(), pacer=pacer)  # type: ignore[arg-type]
+    stream(Event([5]))
+    stream(Event([6]))
+    sent = [pb.get_output_tensor_by_name(r, "output_ids").as_numpy().reshape(-1).tolist() for r, _ in sender.sent]
+    assert sent == [[5]]  # the first at once, the second held

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 WINDOW = 512  # decodes the fit looks at: several requests' worth at c=1
 REFIT_EVERY = 64  # decodes between fits
 MIN_PER_SHAPE = 16  # a shape with fewer decodes in the window is left out of the fit
+MIN_DECODES = 192  # no fit from fewer: first fits from 64 decodes ranged up to 15 ms on a 3 ms cost
 MIN_QUIET = 12  # decodes with no response in their window or the previous one, needed for a fit
 START_INTERVAL_MS = 50.0  # before the first fit: about 5% at what a response cost on 2-core VMs
 MAX_INTERVAL_MS = 100.0  # however dear a response, a stream still streams (100 ms: the default of old)
@@ -129,6 +130,8 @@ class StreamPacer:
         return self.interval_ms < 3 * typical
 
     def _refit(self) -> None:
+        if len(self._decodes) < MIN_DECODES:
+            return
         cost = fit_response_cost(list(self._decodes))
         if cost is None:
             return
