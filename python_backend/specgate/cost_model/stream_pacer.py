@@ -115,7 +115,11 @@ class StreamPacer:
             self._hold_until = self._count + PROBE_HOLD
 
     def due(self, last_flush: float, now: float) -> bool:
-        """Whether a stream that last sent at `last_flush` may send now (both time.monotonic())."""
+        """Whether a stream that last sent at `last_flush` (-inf: never) may send now (both
+        time.monotonic()). A stream's first tokens are always due: a probe's hold must not delay a
+        time to first token."""
+        if last_flush == float("-inf"):
+            return True
         if self._count < self._hold_until:
             return False
         interval = self.interval_ms if self.fixed else min(MAX_INTERVAL_MS, self.interval_ms * max(1, self._streams))

@@ -126,8 +126,7 @@ class ResponseStream:
         with self.lock:
             self.tokens += ev.tokens
             self.last = ev
-            # the first tokens at once, whatever the pacer says (a probe's hold must not delay a TTFT)
-            paced = self.pacer is None or self.last_flush == float("-inf") or self.pacer.due(self.last_flush, time.monotonic())
+            paced = self.pacer is None or self.pacer.due(self.last_flush, time.monotonic())
             due = ev.finished or (self.streaming and ev.tokens and paced)
             if self.scheduled or not due:
                 return
