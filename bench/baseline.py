@@ -12,7 +12,9 @@ child decodes, and the server is started once and left idle (its CPU use is chec
 children run. Every repeat runs every path over every prompt, in a rotated order, so machine noise
 spreads over all of them. Reports decode ms per token (first to last token over tokens after the
 first; streamed paths only), end-to-end tokens/s and TTFT as median [min-max], and ratios to the
-peer and to the floor.
+peer and to the floor. Also what one streamed response costs in CPU time in tritonserver and in each
+Python-backend stub on the way (bench/server_cpu.py): the two served paths decode the same tokens,
+so their difference over the extra responses is the streaming's own work.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ import datetime
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
 from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, wait_quiet, write_results
 from bench.peer import DecodeProcess
 from bench.prompts_fixed import DECODE_PROMPTS
-from loadtest.metrics import scrape, value
+from bench.server_cpu import cpu_by_process
+from loadtest.metrics import scrape, value, value_or_none
 from specgate.contract import ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC
 from specgate.decoding.config import EngineConfig
 from specgate_client import GenerateParams, HttpClient
@@ -39,6 +43,7 @@ GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_CONTEXT = 1024
 CHILDREN = ("floor", "peer", "engine")
 SERVED = ("triton-stream", "triton")
+ENGINES = ("target_engine", "spec_engine")
 PATHS = CHILDREN + SERVED
 # issue 24's streaming target: a response every 20 ms or finer, at no more than 5% of decode speed
 FINE_STREAM_MS, STREAM_COST_TARGET = 20.0, 0.05
@@ -54,6 +59,7 @@ class Timing:
     e2e_s: float
     decode_ms: float | None
     response_ms: float | None = None
+    responses: int = 1
 
     @property
     def e2e_tps(self) -> float:
@@ -73,7 +79,7 @@ def run_triton_stream(client: HttpClient, prompt: str, n: int) -> Timing:
     # the engine sends the first token at once and the last as soon as it is made
     decode = 1000 * (times[-1] - times[0]) / (tokens - 1) if len(times) > 1 else None
     every = 1000 * (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-    return Timing(tokens, 1000 * times[0], chunks[-1].t, decode, every)
+    return Timing(tokens, 1000 * times[0], chunks[-1].t, decode, every, len(chunks))
 
 
 def run_triton(client: HttpClient, prompt: str, n: int) -> Timing:
@@ -97,7 +103,10 @@ def main() -> None:
     eos = tok.eos_id
     ids = [tok.encode_prompt(p) for p in DECODE_PROMPTS]
     results: dict[str, dict[str, list[float]]] = {k: {"decode_ms": [], "e2e_tps": [], "ttft_ms": [], "response_ms": []} for k in PATHS}
-    with running_server(ROOT / "artifacts" / "model_repository") as ports:
+    # the served paths' CPU time by server process, and their responses: what a streamed response costs each hop
+    served_cpu: dict[str, Counter[str]] = {m: Counter() for m in SERVED}
+    served_responses = Counter[str]()
+    with running_server(ROOT / "artifacts" / "model_repository") as (ports, server_pid):
         client = HttpClient(f"localhost:{ports.http}")
         children = {m: DecodeProcess(m, GGUF, MAX_CONTEXT, threads, exact=served.exact) for m in CHILDREN}  # type: ignore[arg-type]
         paths: dict[str, Callable[[int, int], Timing]] = {
@@ -112,7 +121,11 @@ def main() -> None:
             order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
             for i in range(len(DECODE_PROMPTS)):
                 for name in order:
+                    before = cpu_by_process(server_pid) if name in SERVED else None
                     t = paths[name](i, args.tokens)
+                    if before is not None:
+                        served_cpu[name].update(cpu_by_process(server_pid) - before)
+                        served_responses[name] += t.responses
                     if t.decode_ms is not None:
                         results[name]["decode_ms"].append(t.decode_ms)
                     results[name]["e2e_tps"].append(t.e2e_tps)
@@ -126,22 +139,35 @@ def main() -> None:
             p.close()
         pacing = engine_pacing(ports.metrics)
 
-    md = report(args, machine, served, threads, results, load_start, pacing)
+    hops = response_cpu_ms(served_cpu, served_responses)
+    md = report(args, machine, served, threads, results, load_start, pacing, hops)
     print("\n" + md)
-    write_results(args.name, md, {"args": vars(args), "machine": machine, "engine": served.model_dump(mode="json"), "pacing": pacing, "results": results})
+    write_results(args.name, md, {"args": vars(args), "machine": machine, "engine": served.model_dump(mode="json"), "pacing": pacing, "response_cpu_ms": hops, "results": results})
 
 
 def engine_pacing(metrics_port: int) -> dict[str, float | None]:
     """target_engine's streaming interval and measured response cost (ms) as it exports them at the end."""
     samples = scrape(metrics_port)
-    key = frozenset({("model", "target_engine")})
+    cost = value_or_none(samples, ENGINE_RESPONSE_COST_METRIC, model="target_engine")
     return {
         "interval_ms": 1000 * value(samples, ENGINE_STREAM_INTERVAL_METRIC, model="target_engine"),
-        "response_cost_ms": 1000 * samples[(ENGINE_RESPONSE_COST_METRIC, key)] if (ENGINE_RESPONSE_COST_METRIC, key) in samples else None,
+        "response_cost_ms": None if cost is None else 1000 * cost,
     }
 
 
-def report(args: argparse.Namespace, machine: dict, served: EngineConfig, threads: int, results: dict, load_start: tuple, pacing: dict) -> str:
+def response_cpu_ms(cpu: dict[str, Counter[str]], responses: Counter[str]) -> dict[str, float]:
+    """CPU ms one streamed response costs each server process (the engines' left out: server_cpu
+    says why): the streamed path's CPU less the one-response path's, over the same prompts and tokens,
+    per extra response."""
+    extra = responses["triton-stream"] - responses["triton"]
+    if extra <= 0:
+        return {}
+    stream, one = cpu["triton-stream"], cpu["triton"]
+    return {k: 1000 * (stream[k] - one[k]) / extra for k in sorted(stream) if k not in ENGINES}
+
+
+def report(args: argparse.Namespace, machine: dict, served: EngineConfig, threads: int, results: dict, load_start: tuple, pacing: dict,
+           hops: dict[str, float]) -> str:
     floor, peer = median(results["floor"]["decode_ms"]), median(results["peer"]["decode_ms"])
     peer_e2e = median(results["peer"]["e2e_tps"])
     md = [
@@ -171,8 +197,16 @@ def report(args: argparse.Namespace, machine: dict, served: EngineConfig, thread
         f"- baseline through Triton, one request (streamed decode speed): {peer / streamed:.2f}x the peer's (target >= 0.90): **{'MET' if peer / streamed >= 0.9 else 'MISSED'}**",
         f"- streaming: a response every {spread(results['triton-stream']['response_ms'])} ms at a decode {cost:.2f}x the in-process engine's "
         f"(target: every {FINE_STREAM_MS:g} ms or finer at <= {1 + STREAM_COST_TARGET:.2f}x): **{'MET' if fine else 'MISSED'}**",
+        f"- CPU time of one streamed response outside the engine (streamed less one-response requests, per extra response): {hops_line(hops)}",
     ]
     return "\n".join(md)
+
+
+def hops_line(hops: dict[str, float]) -> str:
+    if not hops:
+        return "n/a (the streams sent no more responses than the one-response requests)"
+    parts = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(hops.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.005)
+    return f"{parts}; {sum(hops.values()):.2f} ms in all"
 
 
 def streaming_line(served: EngineConfig, pacing: dict) -> str:

@@ -43,16 +43,16 @@ def write_results(name: str, markdown: str, raw: dict) -> None:
 
 @contextmanager
 def running_server(repo: Path, http: int = 38000, grpc: int = 38001, metrics: int = 38002) -> Iterator:
-    """A tritonserver for the benchmark on its own ports, stopped afterwards."""
+    """A tritonserver for the benchmark on its own ports, stopped afterwards: yields its ports and its pid."""
     from specgate_launcher import Ports, running
 
     ports = Ports(http, grpc, metrics)
     # one log per run (start() truncates its log): runs on other ports, or later runs, keep theirs
     log = RESULTS / f"bench-server-{http}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     RESULTS.mkdir(exist_ok=True)
-    with running(repo, ports, log):
+    with running(repo, ports, log) as proc:
         wait_calibrated(repo)
-        yield ports
+        yield ports, proc.pid
 
 
 def wait_calibrated(repo: Path) -> Path | None:

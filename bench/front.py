@@ -62,7 +62,7 @@ def main() -> None:
     res: dict[str, list[float]] = {"direct": [], "front": []}
     ttft: dict[str, list[float]] = {"direct": [], "front": []}
     same_text = 0
-    with running_server(ROOT / "artifacts" / "model_repository", args.http_port, args.http_port + 1, args.http_port + 2) as ports:
+    with running_server(ROOT / "artifacts" / "model_repository", args.http_port, args.http_port + 1, args.http_port + 2) as (ports, _):
         ports = replace(ports, front=args.http_port + 3)
         with running_front(ports, ROOT / "results" / f"bench-front-{ports.front}.log"):
             client, session, url = GrpcClient(f"localhost:{ports.grpc}"), requests.Session(), f"http://127.0.0.1:{ports.front}"

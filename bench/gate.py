@@ -65,7 +65,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"))
     ids = [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)["input_ids"]) for p in DECODE_PROMPTS]
     res: dict[str, list[float]] = {"direct": [], "gate": []}
-    with running_server(ROOT / "artifacts" / "model_repository") as ports:
+    with running_server(ROOT / "artifacts" / "model_repository") as (ports, _):
         url = f"localhost:{ports.grpc}"
         gc = GrpcClient(url)
         direct(url, ids[0], 8, args.algorithm, args.k, tok.eos_token_id)  # warm-up

@@ -17,7 +17,6 @@ from specgate.contract import (
     ENGINE_EXTENSIONS,
     ENGINE_INPUTS,
     ENGINE_OUTPUTS,
-    GATE_OUTPUTS,
     LLM_INPUTS,
     LLM_OUTPUTS,
     PREPROCESSED,
@@ -49,8 +48,7 @@ def llm_tensor_values() -> dict[str, str]:
     a knob added to specgate.contract reaches every config it passes through."""
     pre_in = [t for t in LLM_INPUTS if t.step == "preprocessing"]
     gate_in = [t for t in LLM_INPUTS if t.step == "spec_gate"]
-    gate_out = list(GATE_OUTPUTS)  # through postprocessing to the client (see contract.GATE_OUTPUTS)
-    post_out = [t for t in LLM_OUTPUTS if t.step == "postprocessing"]
+    post_out = list(LLM_OUTPUTS)  # the gate's decisions too, from its GateState (see contract.GATE_OUTPUTS)
 
     def step(model: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]]) -> str:
         maps = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs]
@@ -61,8 +59,8 @@ def llm_tensor_values() -> dict[str, str]:
     own = lambda ts: [(t.name, t.name) for t in ts]  # noqa: E731
     steps = [
         step("preprocessing", own(pre_in), internal(PREPROCESSED)),
-        step("spec_gate", internal(PREPROCESSED) + own(gate_in), internal([*TO_POSTPROCESSING, *gate_out])),
-        step("postprocessing", internal([*TO_POSTPROCESSING, *gate_out]), own([*post_out, *gate_out])),
+        step("spec_gate", internal(PREPROCESSED) + own(gate_in), internal(TO_POSTPROCESSING)),
+        step("postprocessing", internal(TO_POSTPROCESSING), own(post_out)),
     ]
     return {
         "llm_inputs": tensor_block(LLM_INPUTS),
@@ -71,9 +69,9 @@ def llm_tensor_values() -> dict[str, str]:
         "preprocessing_inputs": tensor_block(pre_in),
         "preprocessing_outputs": tensor_block(PREPROCESSED, inputs=False),
         "gate_inputs": tensor_block([*PREPROCESSED, *gate_in]),
-        "gate_outputs": tensor_block([*TO_POSTPROCESSING, *gate_out], inputs=False),
-        "postprocessing_inputs": tensor_block([*TO_POSTPROCESSING, *gate_out]),
-        "postprocessing_outputs": tensor_block([*post_out, *gate_out], inputs=False),
+        "gate_outputs": tensor_block(TO_POSTPROCESSING, inputs=False),
+        "postprocessing_inputs": tensor_block(TO_POSTPROCESSING),
+        "postprocessing_outputs": tensor_block(post_out, inputs=False),
     }
 
 

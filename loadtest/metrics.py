@@ -34,6 +34,12 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def value_or_none(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sample of `name` with exactly these labels; None when absent (a series that appears only
+    once it has something to say, where 0 would be a reading)."""
+    return samples.get((name, frozenset(labels.items())))
+
+
 def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 

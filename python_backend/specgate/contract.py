@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from specgate.algorithms import EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS, SpecAlgorithm  # noqa: F401 (the request's algorithm values)
 
@@ -135,11 +136,9 @@ VERIFY_COST_METRIC = "spec_decode_verification_cost_seconds"
 # - the gate tags each engine request with a random key, in this parameter;
 PARAM_REQUEST_KEY = "specgate_request_key"
 # - a control message with this parameter set to a key stops that request: an engine stops it at its
-#   next step; the gate (whose responses carry its own key in REQUEST_KEY_TENSOR, which
+#   next step; the gate (whose responses carry its own key in GateState.request_key, which
 #   postprocessing sends back when a request reaches it cancelled) stops serving it;
 PARAM_CANCEL = "specgate_cancel"
-REQUEST_KEY_TENSOR = "request_key"
-GATE_ERROR_TENSOR = "gate_error"
 # - a live engine answers a control message with this parameter at once: the gate sends one when an
 #   engine request has been silent a while, to tell a slow engine from a dead process.
 PARAM_PING = "specgate_ping"
@@ -161,8 +160,8 @@ ENGINE_RESPONSE_COST_METRIC = "specgate_engine_response_cost_seconds"
 
 @dataclass(frozen=True)
 class ApiTensor(Tensor):
-    """An input or output of the `llm` entry point: the model that reads (or writes) it in the
-    ensemble, and what it means to a client (README's request-API table is made from these)."""
+    """An input or output of the `llm` entry point: the model that reads it in the ensemble (for an
+    output, the model that decides it: postprocessing writes them all), and what it means to a client (README's request-API table is made from these)."""
 
     step: str = "spec_gate"  # preprocessing | spec_gate | postprocessing
     meaning: str = ""
@@ -207,24 +206,43 @@ PREPROCESSED: tuple[Tensor, ...] = (
 # heartbeat: the gate sends one while nothing else has gone out for a while, so that postprocessing,
 # the one step that learns of a client's cancellation, looks at it also for a non-streamed request.
 # Postprocessing answers a heartbeat with no response, so the client never sees it.
+GATE_STATE_TENSOR = "gate_state"
 TO_POSTPROCESSING: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1,)),  # all ids so far
-    Tensor("prev_output_length", "TYPE_INT32", (1,)),  # of which earlier responses turned into text
-    Tensor("is_final", "TYPE_BOOL", (1,)),
-    # the gate's key of the request, sent back to the gate when the request arrives cancelled
-    Tensor(REQUEST_KEY_TENSOR, "TYPE_INT64", (1,), optional=True),
-    # [code, message] of an error that ends the request after responses went out, else ["", ""];
+    # The rest of a gate response, one JSON GateState. One tensor rather than eleven: each tensor of
+    # a streamed response is work in the gate, Triton and postprocessing, and that work is taken
+    # from the decode (docs/engines.md, "Streaming").
+    Tensor(GATE_STATE_TENSOR, "TYPE_STRING", (1,)),
+)
+# The `llm` outputs spec_gate decides (route, reason, counts). Postprocessing writes them from the
+# GateState, so that every client response is one postprocessing response: Triton's ensemble pairs
+# its outputs by the order in which each tensor was produced, and a heartbeat that postprocessing
+# swallows would otherwise shift the gate's outputs against the text.
+GATE_OUTPUTS: tuple[ApiTensor, ...] = tuple(t for t in LLM_OUTPUTS if t.step == "spec_gate")
+
+
+class GateState(BaseModel):
+    """What one spec_gate response tells postprocessing besides its ids (GATE_STATE_TENSOR)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prev_output_length: int  # of output_ids, those that earlier responses turned into text
+    is_final: bool
+    request_key: int  # the gate's key of the request, sent back to the gate when it arrives cancelled
+    # [code, message] of an error that ends the request after responses went out, else ("", "");
     # postprocessing answers it as that error (triton_io.ERROR_CODES). Why: Triton 2.51's ensemble
     # never completes a request when a step sends an error while other steps of it are in flight
     # (core's EnsembleContext::PrepareSteps skips the step accounting once the status is an error;
     # fixed upstream in core PR 466), and the postprocessing steps of earlier responses may be.
-    Tensor(GATE_ERROR_TENSOR, "TYPE_STRING", (2,)),
-)
-# The `llm` outputs spec_gate writes (route, reason, counts). They pass through postprocessing, so
-# that every client response is one postprocessing response: Triton's ensemble pairs its outputs by
-# the order in which each tensor was produced, and a heartbeat that postprocessing swallows would
-# otherwise shift the gate's outputs against the text.
-GATE_OUTPUTS: tuple[ApiTensor, ...] = tuple(t for t in LLM_OUTPUTS if t.step == "spec_gate")
+    error: tuple[str, str] = ("", "")
+    # GATE_OUTPUTS, by name
+    route: str
+    gate_reason: str
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float
+    num_output_tokens: int
+    draft_budget: int
 
 
 def api_table() -> str:

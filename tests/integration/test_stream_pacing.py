@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from loadtest.metrics import scrape, value
+from loadtest.metrics import scrape, value, value_or_none
 from specgate.contract import ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC, PARAM_ALGORITHM, engine_inputs
 from specgate.cost_model.stream_pacer import MAX_INTERVAL_MS
 from specgate.decoding.config import EngineConfig
@@ -30,8 +30,8 @@ def _measured(metrics_port: int, model: str, timeout_s: float = 10.0) -> tuple[f
     deadline = time.monotonic() + timeout_s
     while True:
         samples = scrape(metrics_port)
-        if (ENGINE_RESPONSE_COST_METRIC, frozenset({("model", model)})) in samples:
-            return value(samples, ENGINE_RESPONSE_COST_METRIC, model=model), value(samples, ENGINE_STREAM_INTERVAL_METRIC, model=model)
+        if (cost := value_or_none(samples, ENGINE_RESPONSE_COST_METRIC, model=model)) is not None:
+            return cost, value(samples, ENGINE_STREAM_INTERVAL_METRIC, model=model)
         assert time.monotonic() < deadline, f"{model} exported no measured response cost after {STREAMS} streams of {TOKENS} tokens"
         time.sleep(0.2)
 

@@ -10,7 +10,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from specgate.algorithms import ALGORITHMS, check_k
-from specgate.contract import GATE_OUTPUTS, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, TO_POSTPROCESSING, api_table
+from specgate.contract import GATE_OUTPUTS, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, TO_POSTPROCESSING, GateState, api_table
 from specgate.decoding.sampling import SamplingParams
 from specgate.errors import InvalidInput
 from specgate.gate import Gate, RequestInputs
@@ -43,13 +43,15 @@ def test_rendered_configs_carry_the_contract(rendered) -> None:  # noqa: ANN001
     assert _io(rendered["preprocessing"], "input") == _expected(t for t in LLM_INPUTS if t.step == "preprocessing")
     assert _io(rendered["preprocessing"], "output") == _expected(PREPROCESSED)
     assert _io(rendered["spec_gate"], "input") == _expected([*PREPROCESSED, *(t for t in LLM_INPUTS if t.step == "spec_gate")])
-    assert _io(rendered["spec_gate"], "output") == _expected([*TO_POSTPROCESSING, *(t for t in LLM_OUTPUTS if t.step == "spec_gate")])
-    # the gate's outputs reach the client through postprocessing, which writes every llm output
-    assert _io(rendered["postprocessing"], "input") == _expected([*TO_POSTPROCESSING, *GATE_OUTPUTS])
+    # the gate's decisions reach the client through postprocessing, which writes every llm output
+    assert _io(rendered["spec_gate"], "output") == _expected(TO_POSTPROCESSING)
+    assert _io(rendered["postprocessing"], "input") == _expected(TO_POSTPROCESSING)
     assert _io(rendered["postprocessing"], "output") == _expected(LLM_OUTPUTS)
     steps = {s.model_name: s for s in rendered["llm"].ensemble_scheduling.step}
     assert set(steps["postprocessing"].output_map.values()) == {t.name for t in LLM_OUTPUTS}
     assert not set(steps["spec_gate"].output_map.values()) & {t.name for t in LLM_OUTPUTS}
+    # ... from the gate state, which holds each of them
+    assert {t.name for t in GATE_OUTPUTS} <= set(GateState.model_fields)
 
 
 def test_request_model_client_and_grpc_builder_follow_the_contract() -> None:

@@ -8,7 +8,7 @@
 - postprocessing swallows the gate's heartbeats and passes the gate's outputs on with the text;
 - an error after responses went out reaches postprocessing as data in the gate's final response,
   and postprocessing answers it as that error (Triton 2.51's ensemble never completes a request
-  whose step errs while its other steps run: contract.GATE_ERROR_TENSOR).
+  whose step errs while its other steps run: contract.GateState.error).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.unit import fake_pb_utils as pb
 
 pb.install()
 
-from specgate.contract import GATE_ERROR_TENSOR, GATE_OUTPUTS, PARAM_CANCEL, PARAM_ENGINE_KEY, REQUEST_KEY_TENSOR  # noqa: E402
+from specgate.contract import GATE_OUTPUTS, GATE_STATE_TENSOR, PARAM_CANCEL, PARAM_ENGINE_KEY, GateState  # noqa: E402
 from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Gate, RequestInputs  # noqa: E402
 from specgate.serving.cancel_relay import CancelRelay  # noqa: E402
@@ -84,17 +84,20 @@ def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handle
     gm.engines.shutdown()
 
 
+def _gate_state(response: Any) -> GateState:
+    return GateState.model_validate_json(pb.get_output_tensor_by_name(response, GATE_STATE_TENSOR).as_numpy()[0])
+
+
 class PostRequest:
     """One gate response as postprocessing receives it."""
 
     def __init__(self, ids: list[int], prev: int, final: bool, key: int, cancelled: bool) -> None:
-        gate = {"route": [b"speculative"], "gate_reason": [b"prod"], "num_draft_tokens": [6], "num_accepted_tokens": [3],
-                "acceptance_rate": [0.5], "num_output_tokens": [len(ids)], "draft_budget": [4]}  # fmt: skip
+        state = GateState(prev_output_length=prev, is_final=final, request_key=key, route="speculative", gate_reason="prod",
+                          num_draft_tokens=6, num_accepted_tokens=3, acceptance_rate=0.5, num_output_tokens=len(ids), draft_budget=4)  # fmt: skip
         self.inputs = [
-            pb.Tensor("output_ids", np.array(ids, np.int32)), pb.Tensor("prev_output_length", np.array([prev], np.int32)),
-            pb.Tensor("is_final", np.array([final])), pb.Tensor(REQUEST_KEY_TENSOR, np.array([key], np.int64)),
-            *(pb.Tensor(t.name, np.array(gate[t.name], dtype=t.np_dtype)) for t in GATE_OUTPUTS),
-        ]  # fmt: skip
+            pb.Tensor("output_ids", np.array(ids, np.int32)),
+            pb.Tensor(GATE_STATE_TENSOR, np.array([state.model_dump_json().encode()], np.object_)),
+        ]
         self.sender, self._cancelled = pb.ResponseSender(), cancelled
 
     def get_response_sender(self) -> pb.ResponseSender:
@@ -178,8 +181,8 @@ def test_an_error_after_responses_went_out_is_data_that_postprocessing_answers(c
     out.fail(code, f"ended: {code}")
     (chunk, _), (final, flags) = during.sent
     assert flags == FINAL and not final.has_error(), "an error response from the gate here leaves the ensemble request in flight"
-    assert [v.decode() for v in pb.get_output_tensor_by_name(final, GATE_ERROR_TENSOR).as_numpy()] == [code, f"ended: {code}"]
-    assert [v for v in pb.get_output_tensor_by_name(chunk, GATE_ERROR_TENSOR).as_numpy()] == [b"", b""]
+    assert _gate_state(final).error == (code, f"ended: {code}")
+    assert _gate_state(chunk).error == ("", "")
 
     model = PostprocessingModel.__new__(PostprocessingModel)
     model.tok = PromptTokenizer(checkpoint, 1)

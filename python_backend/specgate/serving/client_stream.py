@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specgate.contract import GATE_ERROR_TENSOR, REQUEST_KEY_TENSOR
+from specgate.contract import GATE_STATE_TENSOR, GateState
 from specgate.serving.triton_io import FINAL, coded_error_response, tensor
 from specgate.stats import SpecStats
 
@@ -26,7 +26,7 @@ class ClientStream:
     postprocessing looks at and swallows.
 
     An error after a response went out travels as data in a final response, which postprocessing
-    turns into the error (contract.GATE_ERROR_TENSOR says why)."""
+    turns into the error (contract.GateState.error says why)."""
 
     def __init__(self, sender: Any, stream: bool, route: str, reason: str, key: int) -> None:
         self.sender, self.stream = sender, stream
@@ -68,19 +68,14 @@ class ClientStream:
 
     def _response(self, final: bool, heartbeat: bool = False, error: tuple[str, str] = ("", "")) -> Any:
         s = self.stats
+        state = GateState(
+            prev_output_length=0 if heartbeat else self.prev, is_final=final, request_key=self.key, error=error,
+            route=self.route, gate_reason=self.reason, num_draft_tokens=s.draft_tokens, num_accepted_tokens=s.accepted_tokens,
+            acceptance_rate=s.acceptance_rate, num_output_tokens=len(self.ids), draft_budget=s.draft_budget,
+        )
         return pb_utils.InferenceResponse(
             output_tensors=[
                 tensor("output_ids", [] if heartbeat else self.ids, np.int32),  # no ids and prev 0: a heartbeat
-                tensor("prev_output_length", [0 if heartbeat else self.prev], np.int32),
-                tensor("is_final", [final], np.bool_),
-                tensor("route", [self.route.encode()], np.object_),
-                tensor("gate_reason", [self.reason.encode()], np.object_),
-                tensor("num_draft_tokens", [s.draft_tokens], np.int32),
-                tensor("num_accepted_tokens", [s.accepted_tokens], np.int32),
-                tensor("acceptance_rate", [s.acceptance_rate], np.float32),
-                tensor("num_output_tokens", [len(self.ids)], np.int32),
-                tensor("draft_budget", [s.draft_budget], np.int32),
-                tensor(REQUEST_KEY_TENSOR, [self.key], np.int64),
-                tensor(GATE_ERROR_TENSOR, [error[0].encode(), error[1].encode()], np.object_),
+                tensor(GATE_STATE_TENSOR, [state.model_dump_json().encode()], np.object_),
             ]
         )

@@ -1,6 +1,6 @@
 """Running requests by key, for cancel messages (contract.PARAM_CANCEL): an engine's, by the key the
 gate gave each engine request (contract.PARAM_REQUEST_KEY), and the gate's own, by the key its
-responses carry to postprocessing (contract.REQUEST_KEY_TENSOR)."""
+responses carry to postprocessing (contract.GateState.request_key)."""
 
 from __future__ import annotations
 

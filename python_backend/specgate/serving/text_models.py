@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from specgate.contract import GATE_ERROR_TENSOR, GATE_OUTPUTS, REQUEST_KEY_TENSOR
+from specgate.contract import GATE_OUTPUTS, GATE_STATE_TENSOR, GateState
 from specgate.serving.cancel_relay import CancelRelay
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.parent_watch import watch_parent
@@ -86,19 +86,21 @@ class PostprocessingModel:
 
     def _one(self, r: Any) -> Any | None:
         """The client's response to one gate response; None for a heartbeat; the gate's error if
-        the gate ended the request with one (contract.GATE_ERROR_TENSOR)."""
+        the gate ended the request with one (contract.GateState.error)."""
         ids = optional_array(r, "output_ids").reshape(-1).tolist()
-        prev = int(optional_scalar(r, "prev_output_length"))
-        final = bool(optional_scalar(r, "is_final"))
-        key = optional_scalar(r, REQUEST_KEY_TENSOR)
-        if key is not None and not final and r.is_cancelled():  # is_cancelled is an IPC: last
-            self.relay.cancel(int(key))
+        state = GateState.model_validate_json(optional_scalar(r, GATE_STATE_TENSOR))
+        final, prev = state.is_final, state.prev_output_length
+        if not final and r.is_cancelled():  # is_cancelled is an IPC: last
+            self.relay.cancel(state.request_key)
         if not final and len(ids) == prev:  # a heartbeat: nothing for the client
             return None
-        error = optional_array(r, GATE_ERROR_TENSOR)
-        if final and error is not None and error.reshape(-1)[0]:
-            code, message = (e.decode() if isinstance(e, bytes) else str(e) for e in error.reshape(-1))
-            return coded_error_response(code, message)
+        if final and state.error[0]:
+            return coded_error_response(*state.error)
         text = delta_text(self.tok, ids, prev, final)
-        passed = [pb_utils.Tensor(t.name, optional_array(r, t.name)) for t in GATE_OUTPUTS]
-        return pb_utils.InferenceResponse(output_tensors=[tensor("text_output", [text.encode()], np.object_), *passed])
+        decided = [tensor(t.name, [_encoded(getattr(state, t.name))], t.np_dtype) for t in GATE_OUTPUTS]
+        return pb_utils.InferenceResponse(output_tensors=[tensor("text_output", [text.encode()], np.object_), *decided])
+
+
+def _encoded(value: Any) -> Any:
+    """A GateState value as its tensor holds it: a string as bytes."""
+    return value.encode() if isinstance(value, str) else value

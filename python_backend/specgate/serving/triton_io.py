@@ -30,7 +30,7 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-# The error codes the gate hands postprocessing by name (contract.GATE_ERROR_TENSOR): pb_utils'
+# The error codes the gate hands postprocessing by name (contract.GateState.error): pb_utils'
 # TritonError names, lower-cased (read when used: the stub defines TritonError after this import).
 ERROR_CODES = ("invalid_arg", "internal", "unavailable", "cancelled")
 
