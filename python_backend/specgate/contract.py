@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from specgate.algorithms import EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS, SpecAlgorithm  # noqa: F401 (the request's algorithm values)
 
@@ -221,10 +221,20 @@ TO_POSTPROCESSING: tuple[Tensor, ...] = (
 GATE_OUTPUTS: tuple[ApiTensor, ...] = tuple(t for t in LLM_OUTPUTS if t.step == "spec_gate")
 
 
-class GateState(BaseModel):
-    """What one spec_gate response tells postprocessing besides its ids (GATE_STATE_TENSOR)."""
+class GateDecision(BaseModel):
+    """The `llm` outputs the gate decides (GATE_OUTPUTS), as values."""
 
-    model_config = ConfigDict(frozen=True)
+    route: str
+    gate_reason: str
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float
+    num_output_tokens: int
+    draft_budget: int
+
+
+class GateState(GateDecision):
+    """What one spec_gate response tells postprocessing besides its ids (GATE_STATE_TENSOR)."""
 
     prev_output_length: int  # of output_ids, those that earlier responses turned into text
     is_final: bool
@@ -235,14 +245,6 @@ class GateState(BaseModel):
     # (core's EnsembleContext::PrepareSteps skips the step accounting once the status is an error;
     # fixed upstream in core PR 466), and the postprocessing steps of earlier responses may be.
     error: tuple[str, str] = ("", "")
-    # GATE_OUTPUTS, by name
-    route: str
-    gate_reason: str
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    acceptance_rate: float
-    num_output_tokens: int
-    draft_budget: int
 
 
 def api_table() -> str:

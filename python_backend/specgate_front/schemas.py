@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from specgate_client import GenerateParams
+from specgate.contract import GateDecision
 
 
 class _Strict(BaseModel):
@@ -122,16 +123,8 @@ class CompletionRequest(GenerationRequest):
 
 
 # -- responses ----------------------------------------------------------------------------------
-class SpecgateMeta(BaseModel):
+class SpecgateMeta(GateDecision):
     """The gate's per-request outputs (specgate_client.META), as the latest `llm` response had them."""
-
-    route: str
-    gate_reason: str
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    acceptance_rate: float
-    num_output_tokens: int
-    draft_budget: int
 
 
 class Usage(BaseModel):

@@ -10,7 +10,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from specgate.algorithms import ALGORITHMS, check_k
-from specgate.contract import GATE_OUTPUTS, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, TO_POSTPROCESSING, GateState, api_table
+from specgate.contract import GATE_OUTPUTS, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, TO_POSTPROCESSING, GateDecision, GateState, api_table
 from specgate.decoding.sampling import SamplingParams
 from specgate.errors import InvalidInput
 from specgate.gate import Gate, RequestInputs
@@ -51,7 +51,7 @@ def test_rendered_configs_carry_the_contract(rendered) -> None:  # noqa: ANN001
     assert set(steps["postprocessing"].output_map.values()) == {t.name for t in LLM_OUTPUTS}
     assert not set(steps["spec_gate"].output_map.values()) & {t.name for t in LLM_OUTPUTS}
     # ... from the gate state, which holds each of them
-    assert {t.name for t in GATE_OUTPUTS} <= set(GateState.model_fields)
+    assert {t.name for t in GATE_OUTPUTS} == set(GateDecision.model_fields) and issubclass(GateState, GateDecision)
 
 
 def test_request_model_client_and_grpc_builder_follow_the_contract() -> None:
