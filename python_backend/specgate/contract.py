@@ -161,7 +161,8 @@ ENGINE_RESPONSE_COST_METRIC = "specgate_engine_response_cost_seconds"
 @dataclass(frozen=True)
 class ApiTensor(Tensor):
     """An input or output of the `llm` entry point: the model that reads it in the ensemble (for an
-    output, the model that decides it: postprocessing writes them all), and what it means to a client (README's request-API table is made from these)."""
+    output, the model that decides it: postprocessing writes them all), and what it means to a
+    client (README's request-API table is made from these)."""
 
     step: str = "spec_gate"  # preprocessing | spec_gate | postprocessing
     meaning: str = ""
@@ -202,11 +203,11 @@ PREPROCESSED: tuple[Tensor, ...] = (
     Tensor("input_lengths", "TYPE_INT32", (1,)),
     Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True),  # optional as spec_gate's input
 )
-# A gate response that is not final and holds no new ids (len(output_ids) == prev_output_length) is a
+GATE_STATE_TENSOR = "gate_state"
+# A gate response that is not final and holds no new ids (len(output_ids) == its prev_output_length) is a
 # heartbeat: the gate sends one while nothing else has gone out for a while, so that postprocessing,
 # the one step that learns of a client's cancellation, looks at it also for a non-streamed request.
 # Postprocessing answers a heartbeat with no response, so the client never sees it.
-GATE_STATE_TENSOR = "gate_state"
 TO_POSTPROCESSING: tuple[Tensor, ...] = (
     Tensor("output_ids", "TYPE_INT32", (-1,)),  # all ids so far
     # The rest of a gate response, one JSON GateState. One tensor rather than eleven: each tensor of
