@@ -5,7 +5,7 @@
   shadow decision was `shadow_busy` until a restart);
 - postprocessing never waits on spec_gate: a cancellation is relayed off its thread, so a gate that
   does not answer stalls no response (before: a BLS call without a timeout inside `execute`);
-- postprocessing swallows the gate's heartbeats and passes the gate's outputs on with the text;
+- postprocessing swallows the gate's heartbeats and writes the gate's outputs, from its state, with the text;
 - an error after responses went out reaches postprocessing as data in the gate's final response,
   and postprocessing answers it as that error (Triton 2.51's ensemble never completes a request
   whose step errs while its other steps run: contract.GateState.error).

@@ -60,8 +60,9 @@ class PostprocessingModel:
     """Detokenizes each of the gate's responses and writes the gate's outputs (from its GateState)
     beside the text. It is also the one step of the `llm` ensemble that learns of a client's
     cancellation: Triton 2.51 marks the steps it schedules after one as cancelled, not the gate's
-    running step, so this model passes it on to the gate (through `CancelRelay`, off this thread). Decoupled, so that it can swallow the
-    gate's heartbeats, which exist only to be looked at here (contract.TO_POSTPROCESSING)."""
+    running step, so this model passes it on to the gate (through `CancelRelay`, off this thread).
+    Decoupled, so that it can swallow the gate's heartbeats, which exist only to be looked at here
+    (contract.TO_POSTPROCESSING)."""
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
