@@ -12,9 +12,11 @@ child decodes, and the server is started once and left idle (its CPU use is chec
 children run. Every repeat runs every path over every prompt, in a rotated order, so machine noise
 spreads over all of them. Reports decode ms per token (first to last token over tokens after the
 first; streamed paths only), end-to-end tokens/s and TTFT as median [min-max], and ratios to the
-peer and to the floor. Also what one streamed response costs in CPU time in tritonserver and in each
-Python-backend stub on the way (bench/server_cpu.py): the two served paths decode the same tokens,
-so their difference over the extra responses is the streaming's own work.
+peer and to the floor. The two served paths decode the same tokens one after the other, so they
+also give what streaming itself costs: per prompt, the streamed request's time after its first token
+over the one-response request's (the streamed TTFT taken off both), and what one streamed response
+costs in CPU time in tritonserver and in each Python-backend stub on the way (bench/server_cpu.py),
+their difference over the extra responses.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def main() -> None:
     # the served paths' CPU time by server process, and their responses: what a streamed response costs each hop
     served_cpu: dict[str, Counter[str]] = {m: Counter() for m in SERVED}
     served_responses = Counter[str]()
+    stream_cost: list[float] = []  # per prompt and repeat: streaming_cost
     with running_server(ROOT / "artifacts" / "model_repository") as (ports, server_pid):
         client = HttpClient(f"localhost:{ports.http}")
         children = {m: DecodeProcess(m, GGUF, MAX_CONTEXT, threads, exact=served.exact) for m in CHILDREN}  # type: ignore[arg-type]
@@ -120,9 +123,10 @@ def main() -> None:
         for r in range(args.repeats):
             order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
             for i in range(len(DECODE_PROMPTS)):
+                timed: dict[str, Timing] = {}
                 for name in order:
                     before = cpu_by_process(server_pid) if name in SERVED else None
-                    t = paths[name](i, args.tokens)
+                    t = timed[name] = paths[name](i, args.tokens)
                     if before is not None:
                         served_cpu[name].update(cpu_by_process(server_pid) - before)
                         served_responses[name] += t.responses
@@ -133,6 +137,7 @@ def main() -> None:
                         results[name]["ttft_ms"].append(t.ttft_ms)
                     if t.response_ms is not None:
                         results[name]["response_ms"].append(t.response_ms)
+                stream_cost.append(streaming_cost(timed["triton-stream"], timed["triton"]))
             print(f"[bench-baseline] repeat {r + 1}/{args.repeats}: "
                   + ", ".join(f"{k} {median(v['decode_ms']):.2f} ms/token" for k, v in results.items() if v["decode_ms"]), flush=True)
         for p in children.values():
@@ -140,9 +145,18 @@ def main() -> None:
         pacing = engine_pacing(ports.metrics)
 
     hops = response_cpu_ms(served_cpu, served_responses)
-    md = report(args, machine, served, threads, results, load_start, pacing, hops)
+    md = report(args, machine, served, threads, results, load_start, pacing, hops, stream_cost)
     print("\n" + md)
-    write_results(args.name, md, {"args": vars(args), "machine": machine, "engine": served.model_dump(mode="json"), "pacing": pacing, "response_cpu_ms": hops, "results": results})
+    write_results(args.name, md, {"args": vars(args), "machine": machine, "engine": served.model_dump(mode="json"), "pacing": pacing, "response_cpu_ms": hops,
+                                  "stream_cost": stream_cost, "results": results})
+
+
+def streaming_cost(stream: Timing, one: Timing) -> float:
+    """What streaming cost one prompt's decode: the streamed request's time after its first token over
+    the one-response request's, the streamed TTFT taken off both (the same prefill; the one-response
+    request has no first token to time). Both decode the same tokens through the same server."""
+    first = stream.ttft_ms / 1000
+    return (stream.e2e_s - first) / (one.e2e_s - first)
 
 
 def engine_pacing(metrics_port: int) -> dict[str, float | None]:
@@ -167,7 +181,7 @@ def response_cpu_ms(cpu: dict[str, Counter[str]], responses: Counter[str]) -> di
 
 
 def report(args: argparse.Namespace, machine: dict, served: EngineConfig, threads: int, results: dict, load_start: tuple, pacing: dict,
-           hops: dict[str, float]) -> str:
+           hops: dict[str, float], stream_cost: list[float]) -> str:
     floor, peer = median(results["floor"]["decode_ms"]), median(results["peer"]["decode_ms"])
     peer_e2e = median(results["peer"]["e2e_tps"])
     md = [
@@ -190,13 +204,15 @@ def report(args: argparse.Namespace, machine: dict, served: EngineConfig, thread
             f"{spread(v['e2e_tps'])} | {median(v['e2e_tps']) / peer_e2e:.2f} | {spread(v['ttft_ms'])} |"
         )
     streamed = median(results["triton-stream"]["decode_ms"])
-    cost, every = streamed / median(results["engine"]["decode_ms"]), median(results["triton-stream"]["response_ms"])
+    cost, every = median(stream_cost), median(results["triton-stream"]["response_ms"])
     fine = every <= FINE_STREAM_MS and cost <= 1 + STREAM_COST_TARGET
     md += [
         "",
         f"- baseline through Triton, one request (streamed decode speed): {peer / streamed:.2f}x the peer's (target >= 0.90): **{'MET' if peer / streamed >= 0.9 else 'MISSED'}**",
-        f"- streaming: a response every {spread(results['triton-stream']['response_ms'])} ms at a decode {cost:.2f}x the in-process engine's "
-        f"(target: every {FINE_STREAM_MS:g} ms or finer at <= {1 + STREAM_COST_TARGET:.2f}x): **{'MET' if fine else 'MISSED'}**",
+        f"- streaming: a response every {spread(results['triton-stream']['response_ms'])} ms; the streamed request took {spread(stream_cost, '.2f')}x "
+        f"the one-response request's time after the first token, per prompt (target: every {FINE_STREAM_MS:g} ms or finer at <= "
+        f"{1 + STREAM_COST_TARGET:.2f}x): **{'MET' if fine else 'MISSED'}**; its decode was "
+        f"{streamed / median(results['engine']['decode_ms']):.2f}x the in-process engine's (another process, another moment)",
         f"- CPU time of one streamed response outside the engine (streamed less one-response requests, per extra response): {hops_line(hops)}",
     ]
     return "\n".join(md)

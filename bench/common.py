@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 
 
-def spread(xs: list[float]) -> str:
+def spread(xs: list[float], fmt: str = ".1f") -> str:
     """median [min-max], the way every table in the project reports a measurement."""
     if not xs:
         return "n/a"
-    return f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
+    return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}]"
 
 
 def median(xs: list[float]) -> float:

@@ -1,4 +1,5 @@
-"""bench.server_cpu: a server's CPU time by process, stubs named by the model they serve."""
+"""bench.server_cpu: a server's CPU time by process, stubs named by the model they serve; and the two
+measures bench.baseline takes from it and from its paired served requests of what streaming costs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.baseline import response_cpu_ms
+from bench.baseline import Timing, response_cpu_ms, streaming_cost
 from bench.server_cpu import cpu_by_process
 
 BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(60)"
@@ -39,3 +40,11 @@ def test_response_cost_is_the_streamed_path_s_extra_cpu_over_its_extra_responses
     hops = response_cpu_ms(cpu, Counter({"triton-stream": 501, "triton": 1}))
     assert hops == pytest.approx({"tritonserver": 2.0, "postprocessing": 1.8})  # the engine's spin left out
     assert response_cpu_ms(cpu, Counter({"triton-stream": 1, "triton": 1})) == {}
+
+
+def test_streaming_cost_compares_the_time_after_the_first_token() -> None:
+    """A 200 ms prefill, then 1.0 s of decoding streamed against 0.9 s in one response: 1.11x, where the
+    whole requests' times would say 1.09x."""
+    stream = Timing(tokens=100, ttft_ms=200.0, e2e_s=1.2, decode_ms=10.0, response_ms=50.0, responses=21)
+    one = Timing(tokens=100, ttft_ms=float("nan"), e2e_s=1.1, decode_ms=None)
+    assert streaming_cost(stream, one) == pytest.approx(1.0 / 0.9)

@@ -7,9 +7,12 @@ a third of a token (docs/engines.md, "Streaming"). With a core to spare it costs
 So no fixed interval is right everywhere, and the engine measures its own price:
 
 - while a streamed request is open (`opened`, `closed`: calibration and plain requests teach
-  nothing), every decode of the target reports its shape and duration (`Target.on_decode`), and
+  nothing), every decode of the target reports its shape, start and end (`Target.on_decode`), and
   every response sent is counted (`sent`) in the window of the decode it overlapped (from the
-  previous decode's end to this one's) and the next one's, since its work spills over;
+  previous decode's end to this one's) and the next one's, since its work spills over. The time
+  fitted is that window's, the Python before the decode included: a response slows that step too
+  (the sender thread shares the GIL, other processes preempt it), and fitting the decode alone read
+  a response about a tenth cheaper than it was (docs/engines.md, "Streaming");
 - a least-squares fit over the last `WINDOW` decodes, one intercept per decode shape (batch size,
   verification size) plus the responses in this window and the previous one, gives what one
   response adds: the sum of those two coefficients. The pacer takes it at one standard error above
@@ -56,7 +59,7 @@ MAX_GAP_S = 0.005
 @dataclass(frozen=True)
 class _Decode:
     shape: Hashable
-    seconds: float
+    seconds: float  # from the previous decode's end to this one's: the Python between, and the decode
     sent: int  # responses sent in this decode's window
     sent_before: int  # ... and in the previous decode's
 
@@ -106,7 +109,7 @@ class StreamPacer:
             return
         steady = self._prev_end is not None and start - self._prev_end <= max(MAX_GAP_S, end - start)
         if steady:
-            self._decodes.append(_Decode(shape, end - start, sent, self._prev_sent))
+            self._decodes.append(_Decode(shape, end - self._prev_end, sent, self._prev_sent))
         self._prev_end, self._prev_sent = end, sent
         self._count += 1
         if self._count % REFIT_EVERY == 0:
