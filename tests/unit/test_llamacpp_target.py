@@ -135,9 +135,10 @@ def test_a_batch_reaches_llama_cpp_in_slot_order(gguf) -> None:  # noqa: ANN001
 def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa: ANN001
     """llama.cpp's per-token embeddings (pooling none) are the final-norm hidden states the EAGLE head
     was trained on: close to the PyTorch reference's on the same weights (llama.cpp multiplies with
-    8-bit activations), and projected on the output table they give llama.cpp's own logits (to the
-    rounding of its 8-bit output matmul). The tables, read from the GGUF by ggml's reader, are the
-    checkpoint's exactly: transformers dequantized the same file into it."""
+    8-bit activations), and projected on the output table they give llama.cpp's own logits, once
+    quantized the way its Q8_0 output matmul quantizes them (`q8_0`; without that step the logits
+    differ by up to about 0.5, by how much depends on the build's kernels). The tables, read from the
+    GGUF by ggml's reader, are the checkpoint's exactly: transformers dequantized the same file into it."""
     from specgate.decoding.torch_target import TorchTarget
 
     rng = random.Random(2)
@@ -150,8 +151,17 @@ def test_features_are_the_final_hidden_states(gguf, checkpoint) -> None:  # noqa
     assert hidden.shape == ref_hidden.shape and cos.min() > 0.99
     embed, lm_head = target.embeddings()
     assert all(torch.equal(ours, ref) for ours, ref in zip((embed, lm_head), reference.embeddings()))
-    implied = hidden[-1] @ lm_head.T
-    assert (implied - logits).abs().max() < 0.5 and implied.argmax() == logits.argmax()
+    implied = q8_0(hidden[-1]) @ lm_head.T
+    assert (implied - logits).abs().max() < 0.05 and implied.argmax() == logits.argmax()
+
+
+def q8_0(x: torch.Tensor) -> torch.Tensor:
+    """`x` as ggml's Q8_0 holds it (its quantize_row_q8_0): blocks of 32 scaled to 127 at their largest
+    magnitude, rounded to the nearest integer, the scale kept in half precision."""
+    blocks = x.reshape(-1, 32)
+    amax = blocks.abs().amax(dim=1, keepdim=True)
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inverse) * (amax / 127).half().float()).reshape(x.shape)
 
 
 def test_cached_tokens_is_what_llama_cpp_holds(tree_target, case) -> None:  # noqa: ANN001
