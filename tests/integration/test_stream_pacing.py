@@ -26,13 +26,18 @@ STREAMS = 3  # a fit needs a few hundred streamed decodes (REFIT_EVERY, MIN_QUIE
 
 def _measured(metrics_port: int, model: str, timeout_s: float = 10.0) -> tuple[float, float]:
     """(response cost, interval) in seconds, once the engine has exported a measured cost: it does
-    so as a request ends, on the response sender's thread, just after the final response."""
-    deadline = time.monotonic() + timeout_s
+    so as a request ends, on the response sender's thread, just after the final response. The
+    engine exports both from one fit, but sets the two gauges one after the other, so a scrape may
+    fall between: the pair is read until two scrapes agree."""
+    deadline, previous = time.monotonic() + timeout_s, None
     while True:
         samples = scrape(metrics_port)
         if (cost := value_or_none(samples, ENGINE_RESPONSE_COST_METRIC, model=model)) is not None:
-            return cost, value(samples, ENGINE_STREAM_INTERVAL_METRIC, model=model)
-        assert time.monotonic() < deadline, f"{model} exported no measured response cost after {STREAMS} streams of {TOKENS} tokens"
+            pair = cost, value(samples, ENGINE_STREAM_INTERVAL_METRIC, model=model)
+            if pair == previous:
+                return pair
+            previous = pair
+        assert time.monotonic() < deadline, f"{model} exported no steady measured response cost after {STREAMS} streams of {TOKENS} tokens"
         time.sleep(0.2)
 
 

@@ -236,7 +236,7 @@ class EngineModel:
         self.runner = self.make_runner(self.cfg)
         self.pacer = StreamPacer(self.cfg.stream_cost_budget, self.cfg.stream_interval_ms)
         self.runner_target().on_decode = self.pacer.decoded
-        self.metrics.streaming(self.pacer.interval_ms, self.pacer.cost_ms)
+        self.metrics.streaming(self.pacer.pace)
         info = self.runner_target().info
         log.info(
             "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads, self.cfg.max_batch_size
@@ -304,7 +304,7 @@ class EngineModel:
         if key is not None:
             self.live.discard(key)
         self.metrics.ended(len(stream.tokens), final.cached_tokens, stream.cancelled)
-        self.metrics.streaming(self.pacer.interval_ms, self.pacer.cost_ms)
+        self.metrics.streaming(self.pacer.pace)
 
     def finalize(self) -> None:
         self.runner.shutdown()
