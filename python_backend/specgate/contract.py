@@ -122,6 +122,9 @@ SAMPLING_EPS = 1e-5
 PARAM_ALGORITHM = "speculative_algorithm"
 # Its values, their k limits and defaults: specgate.algorithms.
 PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
+# How many of input_ids' last tokens are output the client already has (CPU engines): the gate
+# continues a request on the other engine from prompt + output, and a stop word may span the two.
+PARAM_CONTINUED = "specgate_continued"
 # A request carrying this parameter is a control message, not a generation: spec_engine ends every
 # request submitted before it at the next step, with `handed_over` set, and answers at once.
 PARAM_HAND_OVER = "specgate_hand_over"

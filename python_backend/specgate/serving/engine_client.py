@@ -27,8 +27,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING,
-    PARAM_REQUEST_KEY, engine_inputs,
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
+    PARAM_PING, PARAM_REQUEST_KEY, engine_inputs,
 )
 from specgate.errors import InvalidInput
 from specgate.gate import Decision
@@ -171,7 +171,7 @@ class EngineClient:
         if remaining <= 0:
             return stats
         key = secrets.token_hex(8) if self.extensions else None
-        req = self._request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key)
+        req = self._request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key, already)
         speculative = engine == "spec_engine"
         stall_s = self.stall_timeout_s() if speculative else None
         probe = self._shared_ping(engine) if self.extensions else None
@@ -245,7 +245,8 @@ class EngineClient:
             self._handing_over.release()
 
     def _request(
-        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None
+        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None,
+        already: int,
     ) -> Any:
         arrays = engine_inputs(
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
@@ -254,6 +255,8 @@ class EngineClient:
         params: dict[str, Any] = {}
         if key is not None:
             params[PARAM_REQUEST_KEY] = key
+        if already and stops is not None and self.extensions:  # a stop word may span the output so far
+            params[PARAM_CONTINUED] = already
         if engine == "spec_engine":
             params[PARAM_ALGORITHM] = d.algorithm
             if d.num_speculative_tokens is not None:  # else the engine's default for the algorithm

@@ -116,8 +116,10 @@ class SpeculativeGenerator:
         k: int,
         end_id: int | None,
         stop_words: list[list[int]],
+        stop_tail: list[int] | None = None,
     ) -> SpecStream:
-        """Decode a request validated already (k resolved by `check`); nothing is re-checked."""
+        """Decode a request validated already (k resolved by `check`); nothing is re-checked.
+        `stop_tail`: output of the request this one continues, which a stop word may span."""
         stream = SpecStream()
         stream._steps = self._run(
             stream,
@@ -128,6 +130,7 @@ class SpeculativeGenerator:
             k,
             self.target.info.eos_token_id if end_id is None else end_id,
             [w for w in stop_words if w],
+            stop_tail or [],
         )
         return stream
 
@@ -166,6 +169,7 @@ class SpeculativeGenerator:
         k: int,
         end_id: int,
         stop_words: list[list[int]],
+        stop_tail: list[int],
     ) -> Iterator[list[int]]:
         drafter, target = self.drafters[algorithm], self.target
         features = drafter.uses_features
@@ -193,7 +197,7 @@ class SpeculativeGenerator:
         plain_ms = spent_ms = 0.0  # what plain decoding would have cost, and what the steps cost (live curve)
         try:
             while True:
-                emit, stream.finish_reason = _clip(new, out, max_new, end_id, stop_words)
+                emit, stream.finish_reason = _clip(new, out, max_new, end_id, stop_words, stop_tail)
                 out += emit
                 if emit:
                     yield emit
@@ -247,10 +251,12 @@ class SpeculativeGenerator:
 
 
 def _clip(
-    new: list[int], out: list[int], max_new: int, end_id: int, stop_words: list[list[int]]
+    new: list[int], out: list[int], max_new: int, end_id: int, stop_words: list[list[int]], before: list[int]
 ) -> tuple[list[int], str | None]:
-    """The prefix of `new` to emit after `out`, and why generation ends there (None: it goes on)."""
-    tail = out[len(out) - max((len(w) for w in stop_words), default=0) :]  # all a stop word can span
+    """The prefix of `new` to emit after `out` (which follows `before`, a continued request's earlier
+    output), and why generation ends there (None: it goes on)."""
+    seen = before + out if before else out
+    tail = seen[len(seen) - max((len(w) for w in stop_words), default=0) :]  # all a stop word can span
     for i, tok in enumerate(new):
         if tok == end_id:
             return new[:i], "eos"
