@@ -223,14 +223,19 @@ def test_overload_is_503_with_retry_after(front, grpc):
         assert "overloaded" in r.json()["error"]["message"] and r.json()["error"]["type"] == "server_error"
 
 
-def test_a_dead_target_engine_is_503(front, http):
-    """Issue 26: `target_engine is not answering` became a 400 (classify expected "target_engine:")."""
+def test_a_dead_target_engine_loses_no_request(front, http):
+    """Issue 49: a dead target_engine stub failed every request (the front answered 503; Triton's own
+    generate answered 400, which HAProxy does not retry). spec_engine now serves them: streamed or
+    not, the client sees its answer, with the reason."""
     body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
     try:
         _kill("target_engine")
-        r = requests.post(f"{front[0]}/v1/chat/completions", json=body, headers={"x-speculative-decoding": "off"}, timeout=300)
-        print(f"\ntarget_engine killed: HTTP {r.status_code}: {r.text[:200]}")
-        assert r.status_code == 503 and "target_engine" in r.json()["error"]["message"], r.text
+        for stream in (False, True):
+            r = requests.post(f"{front[0]}/v1/chat/completions", json={**body, "stream": stream}, headers={"x-speculative-decoding": "off"}, timeout=300)
+            print(f"\ntarget_engine killed, stream={stream}: HTTP {r.status_code}: {r.text[-300:]}")
+            assert r.status_code == 200, r.text
+            last = json.loads(r.text.split("data: ")[-2]) if stream else r.json()
+            assert "error" not in last and last["specgate"]["gate_reason"] == "target_engine_failure", r.text
     finally:
         _restart(http, "target_engine")
     assert requests.post(f"{front[0]}/v1/chat/completions", json=body, timeout=300).status_code == 200

@@ -28,6 +28,7 @@ pb.install()
 from specgate.contract import GATE_OUTPUTS, GATE_STATE_TENSOR, PARAM_CANCEL, PARAM_ENGINE_KEY, GateState  # noqa: E402
 from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Gate, RequestInputs  # noqa: E402
+from specgate.serving.bls import EngineFailure  # noqa: E402
 from specgate.serving.cancel_relay import CancelRelay  # noqa: E402
 from specgate.serving.client_stream import ClientStream  # noqa: E402
 from specgate.serving.engine_client import EngineClient  # noqa: E402
@@ -53,14 +54,19 @@ def handler() -> Iterator[dict[str, Any]]:
     pb.InferenceRequest.handler = None
 
 
-def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handler: dict[str, Any]) -> None:
-    (tmp_path / "p.yaml").write_text("mode: shadow\nshadow:\n  max_concurrent_mirrors: 1\n")
-    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([pb.Tensor("output_ids", [[4, 5]])])])  # the mirror
-    handler["target_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("input_ids: bad", pb.TritonError.INVALID_ARG))])
+def _gate(tmp_path: Path, policy: str = "mode: off\n") -> GateModel:
+    (tmp_path / "p.yaml").write_text(policy)
     gm = GateModel.__new__(GateModel)
     gm.gate = Gate(str(tmp_path / "p.yaml"))
     gm.engines = EngineClient(2, True, lambda: 60.0, EngineKey(SECRET))
     gm.shadow = Shadow(gm.gate, gm.engines)
+    return gm
+
+
+def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handler: dict[str, Any]) -> None:
+    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([pb.Tensor("output_ids", [[4, 5]])])])  # the mirror
+    handler["target_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("input_ids: bad", pb.TritonError.INVALID_ARG))])
+    gm = _gate(tmp_path, "mode: shadow\nshadow:\n  max_concurrent_mirrors: 1\n")
     inputs = RequestInputs(temperature=0.0)
     d = gm.gate.decide(inputs)
     assert (d.reason, d.shadow) == ("shadow", True)  # it holds the one mirror slot
@@ -80,6 +86,42 @@ def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handle
     while (reason := next_reason()) != "shadow" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert reason == "shadow", "the mirror slot was never freed"
+    gm.shadow.shutdown()
+    gm.engines.shutdown()
+
+
+def test_a_request_whose_target_engine_dies_finishes_on_spec_engine(tmp_path: Path, handler: dict[str, Any]) -> None:
+    """Issue 49: a dead target_engine stub failed its requests (HTTP generate answered them 400, which
+    HAProxy does not retry). The gate now continues each on spec_engine from the prompt plus what
+    was sent, as it continues a failed speculative request on the baseline."""
+    dead = pb.TritonError("Stub process 'target_engine_0_0' is not healthy.", pb.TritonError.INTERNAL)
+    asked: list[pb.InferenceRequest] = []
+
+    def target(req: pb.InferenceRequest) -> Iterator[Any]:
+        yield pb.InferenceResponse([pb.Tensor("output_ids", [[7, 8]])])  # streamed, then the stub dies
+        yield pb.InferenceResponse([], dead)
+
+    def spec(req: pb.InferenceRequest) -> Iterator[Any]:
+        asked.append(req)
+        yield pb.InferenceResponse([pb.Tensor("output_ids", [[9]])])
+
+    handler["target_engine"], handler["spec_engine"] = target, spec
+    gm = _gate(tmp_path)
+    d = gm.gate.decide(RequestInputs(temperature=0.0))
+    out = ClientStream(pb.ResponseSender(), True, d.route, d.reason, 1)
+    gm._serve_baseline(out, threading.Event(), LLMRequest(max_tokens=3, stream=True), d, [1, 2], None)
+    gm.gate.finish(d)
+    assert out.ids == [7, 8, 9] and (out.route, out.reason) == ("speculative", "target_engine_failure")
+    (req,) = asked
+    assert [t.as_numpy().reshape(-1).tolist() for t in req.inputs if t.name() == "input_ids"] == [[1, 2, 7, 8]]
+    assert [t.as_numpy().reshape(-1).tolist() for t in req.inputs if t.name() == "request_output_len"] == [[1]]
+
+    # with spec_engine gone too, the client hears that target_engine is not answering
+    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("Stub process 'spec_engine_0_0' is not healthy."))])
+    d = gm.gate.decide(RequestInputs(temperature=0.0))
+    with pytest.raises(EngineFailure, match="target_engine is not answering"):
+        gm._serve_baseline(ClientStream(pb.ResponseSender(), False, d.route, d.reason, 2), threading.Event(), LLMRequest(max_tokens=3), d, [1, 2], None)
+    gm.gate.finish(d)
     gm.shadow.shutdown()
     gm.engines.shutdown()
 

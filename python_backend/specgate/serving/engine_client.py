@@ -184,6 +184,8 @@ class EngineClient:
                 for resp in batch:
                     if resp.has_error():
                         ended = True
+                        if tokens:  # what came before the error is output: a continuation starts after it
+                            on_tokens(tokens, stats)
                         err = resp.error()
                         code = err.code() if hasattr(err, "code") else None
                         if code == pb_utils.TritonError.INVALID_ARG:  # a refusal, not a failure
