@@ -29,7 +29,7 @@ from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
 log = logging.getLogger("specgate_front")
 
-ERRORS = {400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+ERRORS = {400: {"model": ErrorResponse}, 502: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
 
 def create_app(grpc_url: str, model: str = LLM_MODEL) -> FastAPI:

@@ -29,10 +29,14 @@ PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
 
 # How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
 # the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
-# others are told apart by how the gate words them:
+# others are told apart by how the gate words them. The status says who may retry: 502 is this
+# replica's fault, which HAProxy retries once on another replica (deploy/local/haproxy.cfg.j2); 503
+# is overload, which a retry elsewhere would only add to, so the client backs off (Retry-After).
 # - "overloaded: ...; retry later": the gate's admission refused it (gate/admission.py): 503 and
 #   Retry-After, which OpenAI's SDKs retry (they do not retry a 400);
-# - "<engine> is not answering: ...": an engine process is gone (serving/engine_client.py): 503;
+# - "<engine> is not answering: ...": an engine process is gone or hung, and the gate could not
+#   serve the request on the other one either (serving/engine_client.py): 502;
+# - Triton unreachable, or `llm` not loaded or not ready: 502;
 # - "gate error: ...", "postprocessing error: ...", "<engine>: ...": our own faults: 500.
 # Anything else is the client's (400).
 _OVERLOADED = re.compile(r"overloaded:")
@@ -62,9 +66,9 @@ def classify(message: str, model: str = LLM_MODEL) -> BackendError:
     if _OVERLOADED.match(text):
         return BackendError(503, text, retry_after_s=RETRY_AFTER_S)
     if _ENGINE_GONE.match(text):
-        return BackendError(503, text)
+        return BackendError(502, text)
     if any(m in text.lower() for m in _UNAVAILABLE_MARKERS):
-        return BackendError(503, f"model {model!r} is not available: {text}")
+        return BackendError(502, f"model {model!r} is not available: {text}")
     if _SERVER_FAULT.match(text):
         return BackendError(500, text)
     return BackendError(400, text)
@@ -72,7 +76,7 @@ def classify(message: str, model: str = LLM_MODEL) -> BackendError:
 
 def _rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return BackendError(503, f"Triton at {url} is unavailable: {exc.details()}")
+        return BackendError(502, f"Triton at {url} is unavailable: {exc.details()}")
     return BackendError(502, f"Triton at {url}: {exc.code().name}: {exc.details()}")
 
 
@@ -90,13 +94,13 @@ class Triton:
 
     async def tokenizer(self) -> PromptTokenizer:
         """The tokenizer `preprocessing` uses, loaded once from the directory its config names (the
-        front and Triton share a file system); 503 while Triton cannot say which."""
+        front and Triton share a file system); 502 while Triton cannot say which."""
         async with self._tokenizer_lock:
             if self._tokenizer is None:
                 try:
                     config = await self.client.get_model_config(PREPROCESSING_MODEL, as_json=True)
                 except InferenceServerException as exc:  # tritonclient's wrapping of every gRPC error here
-                    raise BackendError(503, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
+                    raise BackendError(502, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
                 path = config["config"]["parameters"]["tokenizer_dir"]["string_value"]
                 self._tokenizer = await run_in_threadpool(PromptTokenizer, path, 0)  # the front checks no prompt length
                 log.info("tokenizer from %s", path)

@@ -162,13 +162,13 @@ def test_models(oai):
     assert [m.id for m in oai.models.list()] == ["llm"]
 
 
-def test_triton_unreachable_is_503(server):
+def test_triton_unreachable_is_502(server):
     ports = replace(server, grpc=free_port(), front=free_port())  # nothing listens on that gRPC port
     with running_front(ports, TEST_OUT / "front-unreachable.log"):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports.front}/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.InternalServerError) as exc:
             client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Hi"}])
-        assert exc.value.status_code == 503 and "unavailable" in exc.value.message
+        assert exc.value.status_code == 502 and "unavailable" in exc.value.message
 
 
 def test_client_disconnect_cancels_the_triton_stream(front):

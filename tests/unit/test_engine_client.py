@@ -239,3 +239,18 @@ def test_a_continuation_tells_the_engine_how_much_of_its_input_is_output(engines
     continued, fresh = (r.parameters for r in engines.requests)
     assert continued[PARAM_CONTINUED] == 1 and PARAM_CONTINUED not in fresh
 
+
+def test_a_hung_engine_is_reported_as_not_answering(monkeypatch: pytest.MonkeyPatch, engines: Engines) -> None:
+    """Issue 49: a live but hung stub answers no ping. Its requests failed with "target_engine: no
+    response for 10 s", which the front read as a fault of ours (500, never retried elsewhere); it is
+    an engine that is not answering, like a dead one (502, which HAProxy retries on another replica)."""
+    from specgate.serving import engine_client
+    from specgate_front.triton import classify
+
+    monkeypatch.setattr(engine_client, "CONTROL_TIMEOUT_S", 0.3)
+    engines.generation = engines.silent()
+    engines.ping = engines.silent
+    with pytest.raises(EngineGone) as gone:
+        _run(_client(), "target_engine")
+    assert str(gone.value).startswith("target_engine is not answering: ")
+    assert classify(f"in ensemble 'llm', {gone.value}").status == 502

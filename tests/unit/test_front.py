@@ -1,5 +1,5 @@
 """The OpenAI front without a model: request validation, error shapes, stop strings, error classes, and
-503 while Triton is unreachable (the app is served in-process by starlette's TestClient)."""
+502 while Triton is unreachable (the app is served in-process by starlette's TestClient)."""
 
 from __future__ import annotations
 
@@ -93,11 +93,12 @@ def test_stop_trimmer_without_stops_holds_nothing_back():
     ("in ensemble 'llm', target_engine: stub died", 500, None),
     ("in ensemble 'llm', gate error: boom", 500, None),
     ("in ensemble 'llm', postprocessing error: boom", 500, None),
-    ("Request for unknown model: 'llm' is not found", 503, None),
+    ("Request for unknown model: 'llm' is not found", 502, None),
     # the gate's own wording (gate/admission.py, serving/engine_client.py): issue 26 found these as 400
     ("in ensemble 'llm', overloaded: 1 requests already queued (admission.max_queued); retry later", 503, 1),
     ("in ensemble 'llm', overloaded: no free slot within 2 s (admission.queue_timeout_s); retry later", 503, 1),
-    ("in ensemble 'llm', target_engine is not answering: target_engine: no response for 10 s", 503, None),
+    # this replica cannot serve it, another may: 502, which HAProxy retries (it does not retry 503: issue 49)
+    ("in ensemble 'llm', target_engine is not answering: no answer to a control message in 10 s", 502, None),
 ])
 def test_classify(message, status, retry):
     err = classify(message)
@@ -138,9 +139,10 @@ def test_unknown_route_is_openai_shaped(client):
 
 
 @pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "llm", "prompt": "Hi", "stream": True})])
-def test_triton_unreachable_is_503(client, path, body):
+def test_triton_unreachable_is_502(client, path, body):
+    """502, which HAProxy retries on another replica (issue 49: it no longer retries 503, overload)."""
     r = client.post(path, json=body)
-    _assert_openai_error(r, 503, "unavailable")
+    _assert_openai_error(r, 502, "unavailable")
     assert r.json()["error"]["code"] == "service_unavailable"
 
 

@@ -223,6 +223,8 @@ class EngineClient:
                 for resp in batch:
                     if resp.has_error():
                         raise EngineFailure(f"{engine} is not answering: {resp.error().message()}")
+        except Silent:  # alive or not, it is hung: as much "not answering" as a dead stub (a retry elsewhere may serve)
+            raise Silent(f"{engine} is not answering: no answer to a control message in {CONTROL_TIMEOUT_S:g} s") from None
         except pb_utils.TritonModelException as exc:
             raise EngineFailure(f"{engine} is not answering: {exc}") from exc
 
