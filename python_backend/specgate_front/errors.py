@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from specgate.errors import InvalidInput
 from specgate_front.schemas import ErrorDetail, ErrorResponse
 from specgate_front.triton import BackendError
 
@@ -55,6 +56,10 @@ def install(app: FastAPI, model: str) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(InvalidInput)
+    async def _invalid_input(_: Request, exc: InvalidInput) -> JSONResponse:
+        return error_response(400, str(exc))
 
     @app.exception_handler(BackendError)
     async def _backend(_: Request, exc: BackendError) -> JSONResponse:

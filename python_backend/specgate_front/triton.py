@@ -101,25 +101,28 @@ class Triton:
                     config = await self.client.get_model_config(PREPROCESSING_MODEL, as_json=True)
                 except InferenceServerException as exc:  # tritonclient's wrapping of every gRPC error here
                     raise BackendError(502, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
-                path = config["config"]["parameters"]["tokenizer_dir"]["string_value"]
-                self._tokenizer = await run_in_threadpool(PromptTokenizer, path, 0)  # the front checks no prompt length
+                params = config["config"]["parameters"]
+                path, max_input_len = params["tokenizer_dir"]["string_value"], int(params["max_input_len"]["string_value"])
+                self._tokenizer = await run_in_threadpool(PromptTokenizer, path, max_input_len)
                 log.info("tokenizer from %s", path)
         return self._tokenizer
 
     async def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The model's chat template over `messages`, ending with the assistant's turn, and its length
-        in tokens. (`llm` itself wraps a prompt as a single user turn only.)"""
+        in tokens. (`llm` itself wraps a prompt as a single user turn only.) InvalidInput for a prompt
+        longer than the model's context, found before a huge one costs the tokenizer its size."""
         tok = await self.tokenizer()
 
         def render() -> tuple[str, int]:
             text = tok.render_chat(messages)
-            return text, len(tok.encode(text))
+            return text, len(tok.encode_within_limit(text))
 
         return await run_in_threadpool(render)
 
     async def count_tokens(self, text: str) -> int:
+        """`text`'s length in tokens; InvalidInput as `chat_prompt`."""
         tok = await self.tokenizer()
-        return await run_in_threadpool(lambda: len(tok.encode(text)))
+        return await run_in_threadpool(lambda: len(tok.encode_within_limit(text)))
 
     async def generate(self, prompt: str, p: GenerateParams, headers: dict[str, str], stream: bool) -> AsyncIterator[Chunk]:
         """The `llm` responses for one request, as Chunks, until the final one. With `stream` false,

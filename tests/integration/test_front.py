@@ -133,7 +133,12 @@ BAD = [
     ("unsupported field", {"model": "llm", "prompt": "Hi", "logprobs": 2}, {}, 400, "unsupported parameter: logprobs"),
     ("n above one", {"model": "llm", "prompt": "Hi", "n": 2}, {}, 400, "n:"),
     ("unknown model", {"model": "gpt-4o", "prompt": "Hi"}, {}, 404, "gpt-4o"),
-    ("max_tokens 0 (the gate)", {"model": "llm", "prompt": "Hi", "max_tokens": 0}, {}, 400, "max_tokens"),
+    ("max_tokens 0", {"model": "llm", "prompt": "Hi", "max_tokens": 0}, {}, 400, "max_tokens"),
+    ("max_tokens past the gate's limit (the gate)", {"model": "llm", "prompt": "Hi", "max_tokens": 5000}, {}, 400, "max_tokens"),
+    # issue 49: the front tokenized any prompt whole and checked no length
+    ("prompt past the context", {"model": "llm", "prompt": "word " * 5000}, {}, 400, "the limit is"),
+    ("prompt far past the context", {"model": "llm", "prompt": "word " * 200_000}, {}, 400, "bytes, more than"),
+    ("body past the limit", {"model": "llm", "prompt": "word " * 220_000}, {}, 413, "at most"),
     ("unknown algorithm (the gate)", {"model": "llm", "prompt": "Hi", "speculative_algorithm": "medusa"}, {}, 400, "speculative_algorithm"),
     ("malformed header (the gate)", {"model": "llm", "prompt": "Hi"}, {"x-speculative-decoding": "maybe"}, 400, "x-speculative-decoding"),
     ("malformed header, streamed", {"model": "llm", "prompt": "Hi", "stream": True}, {"x-speculative-decoding": "maybe"}, 400, "x-speculative-decoding"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -123,9 +124,27 @@ def _assert_openai_error(r, status: int, needle: str) -> None:
     (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "n": 3}', "n:"),
     (b'{"model": "llm", "messages": []}', "messages"),
     (b'{"model": "llm", "messages": [{"role": "tool", "content": "Hi"}]}', "role"),
+    # issue 49: what the `llm` inputs' types cannot hold (numpy 1.x wrapped 2**32 + 1 to 1; a seed of
+    # 2**63 was a 500), and stop lists past the bounds the models keep (16 strings of 256 bytes)
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4294967297}', "max_tokens"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 0}', "max_completion_tokens"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "seed": 9223372036854775808}', "seed"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "num_speculative_tokens": 2147483648}', "num_speculative_tokens"),
+    (json.dumps({**CHAT, "stop": [str(i) for i in range(17)]}).encode(), "17 stop strings; at most 16"),
+    (json.dumps({**CHAT, "stop": "x" * 257}).encode(), "257 bytes; at most 256"),
 ])
 def test_bad_requests_are_openai_shaped_400s(client, body, needle):
     _assert_openai_error(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}), 400, needle)
+
+
+def test_a_body_past_the_limit_is_413_before_it_is_read(client):
+    """Issue 49: no side limited a body's size; Starlette reads it whole. Declared or chunked."""
+    from specgate_front.body_limit import MAX_BODY_BYTES
+
+    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * MAX_BODY_BYTES}]}).encode()
+    _assert_openai_error(client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}), 413, "at most")
+    chunks = (big[i : i + 65536] for i in range(0, len(big), 65536))  # no Content-Length: chunked
+    _assert_openai_error(client.post("/v1/chat/completions", content=chunks, headers={"content-type": "application/json"}), 413, "at most")
 
 
 def test_unknown_model_is_404(client):

@@ -103,8 +103,9 @@ class GateModel:
                     self._cancel(params[PARAM_CANCEL])
                     sender.send(flags=FINAL)
                     continue
-                llm = parse_gate_request(request, params, self.max_output_len)
+                # the prompt's size first: it bounds the work of everything after
                 prompt, stops = prompt_ids(request, self.vocab_size, self.max_input_len), stop_words(request)
+                llm = parse_gate_request(request, params, self.max_output_len, prompt)
                 ticket = self.gate.admission.enter()
                 decision = self.gate.decide(llm)
                 self.pool.submit(self._serve, sender, llm, decision, prompt, stops, ticket)
