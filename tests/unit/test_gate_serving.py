@@ -34,6 +34,7 @@ from specgate.serving.client_stream import ClientStream  # noqa: E402
 from specgate.serving.engine_client import EngineClient  # noqa: E402
 from specgate.serving.engine_key import EngineKey  # noqa: E402
 from specgate.serving.gate_model import GateModel  # noqa: E402
+from specgate.serving.live_requests import LiveRequests  # noqa: E402
 from specgate.serving.llm_request import LLMRequest  # noqa: E402
 from specgate.serving.shadow import Shadow  # noqa: E402
 from specgate.serving.text_models import PostprocessingModel  # noqa: E402
@@ -234,3 +235,33 @@ def test_an_error_after_responses_went_out_is_data_that_postprocessing_answers(c
     ((answer, flags),) = request.sender.sent
     assert flags == FINAL and answer.has_error()
     assert (answer.error().code(), answer.error().message()) == (getattr(pb.TritonError, code.upper()), f"ended: {code}")
+
+
+def test_a_client_that_leaves_while_queued_frees_its_place(tmp_path: Path) -> None:
+    """Issue 49: a request queued for admission sent postprocessing nothing, so a client that left
+    was never seen: it held its queue place until admitted or timed out, and live clients got 503."""
+    from specgate.gate.admission import Overloaded
+
+    gm = _gate(tmp_path, "mode: off\nadmission: {max_concurrent: 1, max_queued: 1, queue_timeout_s: 60}\n")
+    gm.live, gm.pool = LiveRequests(), None
+    holder = gm.gate.admission.enter()  # the one slot, taken
+    d, ticket = gm.gate.decide(RequestInputs()), gm.gate.admission.enter()  # queued behind it
+    sender = pb.ResponseSender()
+    serving = threading.Thread(target=gm._serve, args=(sender, LLMRequest(max_tokens=4), d, [1, 2], None, ticket), daemon=True)
+    serving.start()
+    deadline = time.monotonic() + 10
+    while not sender.sent and time.monotonic() < deadline:  # what postprocessing would look at
+        time.sleep(0.05)
+    assert sender.sent, "a queued request sent no heartbeat: postprocessing cannot see its client leave"
+    gm._cancel(_gate_state(sender.sent[0][0]).request_key)  # postprocessing found it cancelled
+    serving.join(timeout=10)
+    assert not serving.is_alive(), "the departed client still waits for a slot"
+    response, flags = sender.sent[-1]
+    assert flags == FINAL and "cancelled" in _gate_state(response).error[1]
+    assert gm.gate.admission.queued == 0
+    gm.gate.admission.enter()  # its place is free for a live client
+    with pytest.raises(Overloaded):
+        gm.gate.admission.enter()
+    gm.gate.admission.leave(holder)
+    gm.shadow.shutdown()
+    gm.engines.shutdown()

@@ -136,10 +136,19 @@ class GateModel:
         out = ClientStream(sender, llm.stream, d.route, d.reason, key)
         cancel = _CancelFlag()
         self.live.add(str(key), cancel)
+
+        def queued() -> None:
+            """While queued for admission: a client that left gives up its place. The gate hears of it
+            through postprocessing, which looks at heartbeats: without them a departed client held its
+            place until admitted or timed out, and live clients were refused meanwhile."""
+            if cancel.is_set():
+                raise Cancelled()
+            out.heartbeat()
+
         try:
             try:
-                self.gate.admission.wait(ticket)
-            except Overloaded:
+                self.gate.admission.wait(ticket, queued)
+            except (Overloaded, Cancelled):
                 if d.shadow:
                     self.gate.end_shadow(d, None)  # its mirror never started
                 raise
