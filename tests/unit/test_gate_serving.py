@@ -265,3 +265,33 @@ def test_a_client_that_leaves_while_queued_frees_its_place(tmp_path: Path) -> No
     gm.gate.admission.leave(holder)
     gm.shadow.shutdown()
     gm.engines.shutdown()
+
+
+def test_a_cancellation_whose_message_failed_is_sent_again(handler: dict[str, Any]) -> None:
+    """Issue 49: the relay marked a key as relayed before sending it, so a message that failed (the
+    gate busy past the timeout, a BLS error) was never sent again, and the request ran to its end."""
+    asked: list[dict] = []
+
+    def gate(req: pb.InferenceRequest) -> Iterator[Any]:
+        asked.append(req.parameters)
+        if len(asked) == 1:
+            raise pb.TritonModelException("spec_gate is busy")
+        yield pb.InferenceResponse([])
+
+    handler["spec_gate"] = gate
+    relay = CancelRelay(EngineKey(SECRET))
+
+    def relayed(n: int) -> bool:
+        deadline = time.monotonic() + 10
+        while len(asked) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # and its outcome handled
+        return len(asked) >= n
+
+    relay.cancel(77)
+    assert relayed(1)
+    relay.cancel(77)  # the request's next response, still cancelled
+    assert relayed(2), "a cancellation whose message failed was not sent again"
+    relay.cancel(77)  # delivered now: not sent a third time
+    time.sleep(0.5)
+    assert [p[PARAM_CANCEL] for p in asked] == ["77", "77"]
