@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> None:
                           f"(log above: {r.server_log}); stopping", flush=True)
                 code = 1
                 break
+            if all(r.status == "failed" for r in replicas):  # each kept dying before it was ready: nothing serves
+                print(f"[replicas] every replica was given up; stopping (logs: {args.run_dir})", flush=True)
+                code = 1
+                break
         else:
             print(f"[replicas] draining (up to {args.drain_s} s) ...", flush=True)
     finally:

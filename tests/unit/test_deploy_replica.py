@@ -115,3 +115,35 @@ def test_in_a_container_a_server_that_cannot_serve_is_stopped_for_the_kubelet(tm
         assert started[0].poll() is not None and len(started) == 1 and r.restarts == 0
     finally:
         _end(r, started)
+
+
+
+def test_a_server_that_keeps_dying_before_it_is_ready_backs_off_then_is_given_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49: a restart that failed was tried again every second, for ever, and each try overwrote
+    the log of the run before (the first crash's among them). Now each run keeps its numbered log,
+    the tries back off (1, 2, 4, ... times backoff_s), and the replica is given up after MAX_FAILURES."""
+    from specgate_deploy import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "MAX_FAILURES", 3, raising=False)
+    r, started = _replica(tmp_path, 'echo "run $$"; exit 1')
+    r.backoff_s = 0.2
+    r.start()
+    r.status = "ready"  # it served; then it dies, and so does every restart, before it is ready
+    runs_at: list[float] = []
+    deadline = time.monotonic() + 30
+    while r.status != "failed":
+        runs = len(started)
+        r.poll()
+        if len(started) > runs:
+            runs_at.append(time.monotonic())
+        assert time.monotonic() < deadline and len(started) <= 10, (len(started), r.status)
+        time.sleep(0.01)
+    # the first run, restarted at once; then two that died before ready, each waiting longer
+    assert len(started) == 4 and r.restarts == 3, (len(started), r.restarts)
+    gaps = [b - a for a, b in zip(runs_at, runs_at[1:])]
+    assert [round(g / 0.2) for g in gaps] == [1, 2], gaps
+    r.poll()
+    assert len(started) == 4  # given up: no more tries
+    logs = [(tmp_path / "logs" / f"r-tritonserver.log.{n}").read_text() for n in (1, 2, 3)] + [r.server_log.read_text()]
+    assert all(log.startswith("run ") for log in logs) and len(set(logs)) == 4  # four runs, four logs: none overwritten
+    _end(r, started)
