@@ -145,7 +145,7 @@ def engine_key() -> str:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
+def die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
     """A preexec_fn: the child gets `sig` when the thread that started it dies, however it dies (a
     launcher killed with SIGKILL cannot stop its children itself). SIGTERM lets tritonserver unload
     its models, so the stubs end and free their shared memory. Call it on a thread that lives as
@@ -233,7 +233,7 @@ def start(
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(
         command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,
-        start_new_session=True, preexec_fn=_die_with(os.getpid()),
+        start_new_session=True, preexec_fn=die_with(os.getpid()),
     )
 
 
@@ -268,7 +268,7 @@ def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
     cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}"]
     out = open(log_file, "w") if log_file else None
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=die_with(os.getpid()))
 
 
 def wait_front_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 120) -> None:

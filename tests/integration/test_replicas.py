@@ -334,7 +334,9 @@ def test_prometheus_answers_rules_and_dashboard_from_both_replicas(cluster: Clus
 # --- drain ---------------------------------------------------------------------------------------
 
 
-def test_sigterm_drains_and_stops_everything(cluster: Cluster) -> None:
+def test_sighup_drains_and_stops_everything(cluster: Cluster) -> None:
+    """SIGHUP (a closed terminal) drains and stops as Ctrl-C and SIGTERM do (one handler). Issue 49:
+    it killed the supervisor outright, which left HAProxy and Prometheus running."""
     st = cluster.state
     pids = [st.haproxy_pid, st.prometheus_pid, *[p for r in st.replicas for p in (r.tritonserver_pid, r.front_pid)]]
     assert all(pids)
@@ -343,7 +345,7 @@ def test_sigterm_drains_and_stops_everything(cluster: Cluster) -> None:
     with ThreadPoolExecutor(1) as pool:
         inflight = pool.submit(generate, victim.ports.http, "Write a poem about rain.", max_tokens=120, **{"x-speculative-decoding": "off"})
         wait_for("the request in flight", lambda: value(scrape(victim.ports.metrics), "spec_gate_in_flight") >= 1, 30, 0.05)
-        os.killpg(cluster.proc.pid, signal.SIGTERM)
+        os.kill(cluster.proc.pid, signal.SIGHUP)
         assert inflight.result(timeout=60)["num_output_tokens"] == 120
     assert cluster.proc.wait(60) == 0
     for pid in pids:
