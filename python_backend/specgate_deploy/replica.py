@@ -2,8 +2,8 @@
 
 Started with specgate_launcher's own functions, so a replica is exactly what `make serve` runs. What is
 added here is the life cycle around them: restart a tritonserver that died or can no longer serve
-(specgate_deploy.health: a dead stub, a model wedged LOADING; a dead spec_engine stub is reloaded
-instead), and drain on shutdown.
+(specgate_deploy.health: a dead stub, a model wedged LOADING, an engine that answers no ping, whose
+stubs are killed first; a dead spec_engine stub is reloaded instead), and drain on shutdown.
 
 Drain, as measured on the bundled Triton 2.51: on SIGTERM tritonserver closes its HTTP port at once
 (readiness probes and HAProxy's health check fail, so no new traffic arrives), lets every request in
@@ -186,10 +186,13 @@ class Replica:
         self._last_look = now
         headers = launcher.admin_headers(self.admin_header)
         index = health.repository_index(self.ports.http, headers)
-        fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now)
+        fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now) or self._hung(index)
         seen_before, self._suspect = self._suspect, fault
         if fault is None or seen_before is None:
             return False
+        if fault.hung:  # killed, its stubs are dead ones, reloaded or restarted as any
+            print(f"[replicas] {self.name}: {fault.reason}; killing its stub processes", flush=True)
+            health.kill_stubs(self.server.pid, fault.model)
         if fault.model in health.RELOADABLE and not fault.wedged:
             if self._reloading is None or not self._reloading.is_alive():
                 print(f"[replicas] {self.name}: {fault.reason}; reloading it (meanwhile the baseline serves)", flush=True)
@@ -199,6 +202,14 @@ class Replica:
         print(f"[replicas] {self.name}: {fault.reason}; {'restarting' if self.restart_on_exit else 'stopping'} tritonserver", flush=True)
         self._restart()
         return True
+
+    def _hung(self, index: list[health.ModelState]) -> health.Fault | None:
+        """A READY engine of this server whose stubs answer no ping (not one being reloaded)."""
+        reloading = self._reloading is not None and self._reloading.is_alive()
+        engines = [m.name for m in index if m.state == "READY" and m.name in health.ENGINES and m.name in self._health.expected_stubs
+                   and not (reloading and m.name in health.RELOADABLE)]
+        hung = health.unanswered_pings(self.ports.grpc, engines, launcher.engine_key()) if engines else []
+        return health.Fault(model=hung[0], reason=f"{hung[0]} answers no ping", hung=True) if hung else None
 
     def _reload(self, model: str, headers: dict[str, str]) -> None:
         """In a thread: a load takes seconds to minutes, and the supervisor keeps looking meanwhile (a
