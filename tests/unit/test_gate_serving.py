@@ -97,6 +97,7 @@ def test_a_request_whose_target_engine_dies_finishes_on_spec_engine(tmp_path: Pa
     was sent, as it continues a failed speculative request on the baseline."""
     dead = pb.TritonError("Stub process 'target_engine_0_0' is not healthy.", pb.TritonError.INTERNAL)
     asked: list[pb.InferenceRequest] = []
+    speculating: list[int] = []  # what the load rule's hand-over sees while it runs there
 
     def target(req: pb.InferenceRequest) -> Iterator[Any]:
         yield pb.InferenceResponse([pb.Tensor("output_ids", [[7, 8]])])  # streamed, then the stub dies
@@ -104,6 +105,7 @@ def test_a_request_whose_target_engine_dies_finishes_on_spec_engine(tmp_path: Pa
 
     def spec(req: pb.InferenceRequest) -> Iterator[Any]:
         asked.append(req)
+        speculating.append(gm.engines.speculating)
         yield pb.InferenceResponse([pb.Tensor("output_ids", [[9]])])
 
     handler["target_engine"], handler["spec_engine"] = target, spec
@@ -116,6 +118,7 @@ def test_a_request_whose_target_engine_dies_finishes_on_spec_engine(tmp_path: Pa
     (req,) = asked
     assert [t.as_numpy().reshape(-1).tolist() for t in req.inputs if t.name() == "input_ids"] == [[1, 2, 7, 8]]
     assert [t.as_numpy().reshape(-1).tolist() for t in req.inputs if t.name() == "request_output_len"] == [[1]]
+    assert speculating == [0]  # the baseline cannot take it back: no hand-over may be asked for it
 
     # with spec_engine gone too, the client hears that target_engine is not answering
     handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("Stub process 'spec_engine_0_0' is not healthy."))])

@@ -162,10 +162,13 @@ class EngineClient:
         already: int = 0,
         stream: bool | None = None,
         on_idle: Callable[[], None] | None = None,
+        movable: bool = True,
     ) -> SpecStats:
         """Run one engine request for the rest of `llm`'s max_tokens (`already` emitted), passing
         each response's new tokens on; returns the final stats. `on_idle` runs while the engine is
-        silent (bls.responses). Raises as the module doc says."""
+        silent (bls.responses). `movable` False: a request on spec_engine that the baseline cannot
+        take (its engine failed), not counted in `speculating`, so that it triggers no hand-over.
+        Raises as the module doc says."""
         remaining = llm.max_tokens - already
         stats = SpecStats()
         if remaining <= 0:
@@ -176,7 +179,8 @@ class EngineClient:
         stall_s = self.stall_timeout_s() if speculative else None
         probe = self._shared_ping(engine) if self.extensions else None
         handed_over = ended = False  # ended: the engine finished the request or cannot hear a stop
-        if speculative:
+        counted = speculative and movable
+        if counted:
             self._count_speculating(+1)
         try:
             for batch in responses(req, engine, stall_s, cancel, probe, on_idle):
@@ -206,7 +210,7 @@ class EngineClient:
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
             raise _failure(engine, str(exc)) from exc
         finally:
-            if speculative:
+            if counted:
                 self._count_speculating(-1)
             if not ended and key is not None:  # cancelled, stalled, or the gate failed: no one reads it
                 self._stopper.submit(self._stop, engine, key)

@@ -212,15 +212,17 @@ class GateModel:
         stops: np.ndarray | None,
     ) -> None:
         """Finish on spec_engine a request whose target_engine failed, from the prompt plus the tokens
-        already streamed. Not a speculative sample: the breaker hears nothing of it. A hand-over
-        (the load rule) keeps it on spec_engine, the baseline being down; if spec_engine cannot
+        already streamed. Not a speculative sample: the breaker hears nothing of it. Nor is it
+        counted as speculating, so it triggers no hand-over to the baseline, and one that another
+        request triggered keeps it on spec_engine, the baseline being down; if spec_engine cannot
         serve it either (it failed, or refused an algorithm it has not loaded), the client hears of
         the baseline's failure, which is what went wrong first."""
         out.route, out.reason = "speculative", TARGET_FALLBACK
         while True:
             try:
                 self.engines.run(
-                    "spec_engine", llm, d, prompt + out.ids, stops, out.send, cancel, already=len(out.ids), on_idle=out.heartbeat
+                    "spec_engine", llm, d, prompt + out.ids, stops, out.send, cancel, already=len(out.ids), on_idle=out.heartbeat,
+                    movable=False,
                 )
                 return
             except HandedOver:
