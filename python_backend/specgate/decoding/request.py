@@ -22,6 +22,8 @@ class GenerationRequest(BaseModel):
 
     def stop_tail(self) -> list[int]:
         """The continued output that a stop word may still end in (all but its last token)."""
+        if not self.continued:
+            return []
         n = min(self.continued, len(self.input_ids), max((len(w) for w in self.stop_words), default=1) - 1)
         return self.input_ids[len(self.input_ids) - n :] if n > 0 else []
 
