@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="compute threads (0: one per core)")
     ap.add_argument("--name", default="bench-baseline", help="results file name (results/<name>.md)")
+    ap.add_argument("--ports", default="38000,38001,38002", help="HTTP,gRPC,metrics for the benchmark's own server")
     args = ap.parse_args()
     machine = machine_record()
     load_start = os.getloadavg()
@@ -109,7 +110,8 @@ def main() -> None:
     served_cpu: dict[str, Counter[str]] = {m: Counter() for m in SERVED}
     served_responses = Counter[str]()
     stream_cost: list[float] = []  # per prompt and repeat: streaming_cost
-    with running_server(ROOT / "artifacts" / "model_repository") as (ports, server_pid):
+    http, grpc, metrics = (int(p) for p in args.ports.split(","))
+    with running_server(ROOT / "artifacts" / "model_repository", http, grpc, metrics) as (ports, server_pid):
         client = HttpClient(f"localhost:{ports.http}")
         children = {m: DecodeProcess(m, GGUF, MAX_CONTEXT, threads, exact=served.exact) for m in CHILDREN}  # type: ignore[arg-type]
         paths: dict[str, Callable[[int, int], Timing]] = {
