@@ -54,7 +54,7 @@ from specgate.decoding.loading import load_target
 from specgate.decoding.plain import plain_decode
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
-from specgate.gate import Gate, RequestInputs
+from specgate.gate import Gate, RequestInputs, Route
 from specgate.speculative import SpecStats, SpeculativeGenerator
 from specgate.cost_model.measure import calibrate
 from specgate.speculative.registry import build_drafters
@@ -224,7 +224,7 @@ class Routes:
             return Run(r.tokens, r.tpot_ms)
         if name == "gated":  # as spec_gate does: decide, run on the chosen engine, feed the stats back
             d = self.gate.decide(RequestInputs(temperature=params.temperature))
-            speculative = d.route == "speculative"
+            speculative = d.route is Route.SPECULATIVE
             self.decisions.append(d.algorithm if speculative else f"baseline ({d.reason})")
             run = self.run(d.algorithm if speculative else "baseline", i, params)
             if speculative:

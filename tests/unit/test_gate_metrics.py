@@ -9,7 +9,7 @@ import pytest
 
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
-from specgate.gate import REASONS, Gate, RequestInputs
+from specgate.gate import REASONS, Gate, RequestInputs, Route
 from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
@@ -96,9 +96,9 @@ def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemor
     gate.record_cancelled()
     assert fams["spec_gate_cancelled_total"].value() == 1
 
-    gate.record_failure(decisions[0], "speculative")
-    gate.record_failure(decisions[0], "speculative")
-    gate.record_failure(decisions[0], "baseline")
+    gate.record_failure(decisions[0], Route.SPECULATIVE)
+    gate.record_failure(decisions[0], Route.SPECULATIVE)
+    gate.record_failure(decisions[0], Route.BASELINE)
     assert fams["spec_gate_engine_failures_total"].value(engine="speculative") == 2
     assert fams["spec_gate_engine_failures_total"].value(engine="baseline") == 1
     assert fams["spec_gate_circuit_open"].value(tenant=label) == 1.0

@@ -16,7 +16,7 @@ from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import InMemoryMetricFactory
 from specgate.gate.tenants import hash_key
 from specgate.gate.policy import Mode, PolicyError
-from specgate.gate import REASONS, Decision, Gate, RequestInputs
+from specgate.gate import REASONS, Decision, Gate, RequestInputs, Route
 from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
@@ -238,7 +238,7 @@ def test_breaker_routes_and_probes(tmp_path: Path) -> None:
 def test_engine_failures_open_the_tenant_breaker_only(gate: Gate) -> None:
     tenant = gate.decide(RequestInputs(api_key=KEY_A, spec_header="prod"))
     for _ in range(3):
-        gate.record_failure(tenant, "speculative")
+        gate.record_failure(tenant, Route.SPECULATIVE)
     gate.finish(tenant)
     assert decide(gate, api_key=KEY_A, spec_header="prod")[1] == "circuit_open"
     assert decide(gate)[1] == "prod"  # the org bucket is untouched

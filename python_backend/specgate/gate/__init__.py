@@ -13,11 +13,11 @@ metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, load_policy, parse_policy
-from specgate.gate.decision import REASONS, Decision, GateRequest, GateStats, RequestInputs
+from specgate.gate.decision import REASONS, Decision, GateRequest, GateStats, RequestInputs, Route, RouteResult
 from specgate.gate.router import Gate
 
 __all__ = [
     "REASONS", "Admission", "BreakerState", "CircuitBreakers", "Decision", "Gate", "GateMetrics",
-    "GateRequest", "GateStats", "Mode", "Policy", "PolicyError", "PolicyStore", "RequestInputs",
+    "GateRequest", "GateStats", "Mode", "Policy", "PolicyError", "PolicyStore", "RequestInputs", "Route", "RouteResult",
     "load_policy", "parse_policy",
 ]

@@ -6,14 +6,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
 from specgate.gate.policy import Mode
 from specgate.gate.tenants import ORG
 
-Route = Literal["speculative", "baseline"]
-SPECULATIVE: Route = "speculative"
-BASELINE: Route = "baseline"
+
+class Route(StrEnum):
+    """Which engine serves a request; the value is the `route` output and metric label."""
+
+    SPECULATIVE = "speculative"
+    BASELINE = "baseline"
+
+    @property
+    def engine(self) -> str:
+        """The Triton model that serves this route."""
+        return "spec_engine" if self is Route.SPECULATIVE else "target_engine"
+
 
 # Reason codes: stable, they are metric label values and the `gate_reason` output.
 MODE_OFF = "mode_off"
@@ -34,9 +44,8 @@ REASONS: tuple[str, ...] = (
 )
 # Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.
 ROUTE_OF: dict[str, Route] = {
-    reason: SPECULATIVE if reason in (HALF_OPEN_PROBE, CANARY_IN, PROD) else BASELINE for reason in REASONS
+    reason: Route.SPECULATIVE if reason in (HALF_OPEN_PROBE, CANARY_IN, PROD) else Route.BASELINE for reason in REASONS
 }
-
 
 
 class GateRequest(Protocol):
@@ -76,6 +85,16 @@ class RequestInputs:
     temperature: float | None = None
     speculative_algorithm: str | None = None
     num_speculative_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResult:
+    """What the routing rules found for one request (router.Gate._route)."""
+
+    route: Route
+    reason: str
+    shadow: bool = False  # serve on the baseline and mirror on spec_engine (a mirror slot is taken)
+    probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from specgate.gate.decision import Route
+
 # 5 us .. 10 ms: a decision is expected in tens of microseconds; the tail shows policy reloads.
 DECISION_LATENCY_BUCKETS: list[float] = [
     5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
@@ -58,7 +60,6 @@ SHADOW_IN_FLIGHT = "spec_gate_shadow_in_flight"
 _Labels = tuple[tuple[str, str], ...]
 
 
-ENGINES = ("speculative", "baseline")  # the `engine` label of spec_gate_engine_failures_total
 QUEUE_FULL, QUEUE_TIMEOUT = "queue_full", "queue_timeout"  # the `reason` label of spec_gate_overloaded_total
 
 
@@ -98,7 +99,7 @@ class GateMetrics:
             for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED, CANCELLED, SHADOW_IN_FLIGHT):
                 self._get(name)
             self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS)
-            for engine in ENGINES:
+            for engine in Route:  # the `engine` label of spec_gate_engine_failures_total
                 self._get(ENGINE_FAILURES, (("engine", engine),))
             for reason in (QUEUE_FULL, QUEUE_TIMEOUT):
                 self._get(OVERLOADED, (("reason", reason),))
@@ -128,7 +129,7 @@ class GateMetrics:
             self._metrics[key] = metric
         return metric
 
-    def decision(self, route: str, reason: str, latency_s: float) -> None:
+    def decision(self, route: Route, reason: str, latency_s: float) -> None:
         with self._lock:
             self._get(DECISIONS, (("route", route), ("reason", reason))).increment(1)
             self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS).observe(latency_s)
@@ -162,7 +163,7 @@ class GateMetrics:
             if mismatch:
                 self._get(SHADOW_MISMATCH).increment(1)
 
-    def engine_failure(self, engine: str) -> None:
+    def engine_failure(self, engine: Route) -> None:
         with self._lock:
             self._get(ENGINE_FAILURES, (("engine", engine),)).increment(1)
 

@@ -60,8 +60,8 @@ from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.decision import (
-    BASELINE, CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY,
-    SPECULATIVE, TEMPERATURE, Decision, GateRequest, GateStats, Route,
+    CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY, TEMPERATURE,
+    Decision, GateRequest, GateStats, Route, RouteResult,
 )
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
@@ -75,6 +75,10 @@ log = logging.getLogger(__name__)
 # The deepest draft position any algorithm reaches (a chain's k, a tree's depth): position series.
 MAX_POSITIONS = max(a.max_k if a.max_depth is None else a.max_depth for a in ALGORITHMS.values())
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
+
+
+def _baseline(reason: str) -> RouteResult:
+    return RouteResult(Route.BASELINE, reason)
 
 
 class Gate:
@@ -148,11 +152,9 @@ class Gate:
         with self._lock:  # count this request and read the load before it, atomically
             already = self._in_flight
             self._in_flight += 1
-        route, reason, shadow, probe = self._route(
-            inputs, policy, tenant, tenant_key, mode, requested is not None, already, cal, algorithm
-        )
-        decision = Decision(route, reason, shadow, algorithm, k, mode, label, probe, tenant_key)
-        self._metrics.decision(route, reason, time.perf_counter() - start)
+        found = self._route(inputs, policy, tenant, tenant_key, mode, requested is not None, already, cal, algorithm)
+        decision = Decision(found.route, found.reason, found.shadow, algorithm, k, mode, label, found.probe, tenant_key)
+        self._metrics.decision(found.route, found.reason, time.perf_counter() - start)
         self._metrics.in_flight(already + 1)
         return decision
 
@@ -180,7 +182,7 @@ class Gate:
     def record_failure(self, decision: Decision, engine: Route) -> None:
         """An engine call failed. Speculative-engine failures count towards the tenant's breaker."""
         self._metrics.engine_failure(engine)
-        if engine == SPECULATIVE:
+        if engine is Route.SPECULATIVE:
             self._breakers.record_failure(decision.tenant_key, self._breaker_policy(self._store.current(), decision.algorithm))
 
     def record_cancelled(self) -> None:
@@ -207,29 +209,29 @@ class Gate:
         in_flight: int,
         cal: Calibration | None,
         algorithm: str,
-    ) -> tuple[Route, str, bool, bool]:
+    ) -> RouteResult:
         if mode is Mode.OFF:
-            return BASELINE, MODE_OFF, False, False
+            return _baseline(MODE_OFF)
         threshold = setting(tenant, "temperature_threshold", policy.temperature_threshold)
         if inputs.temperature is not None and inputs.temperature > threshold:
-            return BASELINE, TEMPERATURE, False, False
+            return _baseline(TEMPERATURE)
         if cal is None and self._calibration.follows_engine:  # it would wait behind the measuring
-            return BASELINE, CALIBRATING, False, False
+            return _baseline(CALIBRATING)
         canary = 100.0 if from_request else setting(tenant, "canary_percent", policy.canary_percent)
         if mode is Mode.PROD and canary < 100.0 and not in_canary(inputs.request_id or inputs.canary_key, canary):
-            return BASELINE, CANARY_OUT, False, False
+            return _baseline(CANARY_OUT)
         limit = policy.load.max_in_flight
         if limit is not None and in_flight >= limit:
-            return BASELINE, LOAD, False, False
+            return _baseline(LOAD)
         judged = mode is Mode.PROD and not from_request and cal is not None
         if judged and not can_pay(cal, algorithm):
-            return BASELINE, NO_GAIN, False, False
+            return _baseline(NO_GAIN)
         breaker = self._breaker_policy(policy, algorithm)
         admission = self._breakers.admit(tenant_key, breaker, lambda: judged and not pays_at_prior(cal, algorithm, breaker.min_gain))
         if admission is Admission.UNPROVEN:
-            return BASELINE, NO_GAIN, False, False
+            return _baseline(NO_GAIN)
         if admission is Admission.DENY:
-            return BASELINE, CIRCUIT_OPEN, False, False
+            return _baseline(CIRCUIT_OPEN)
         probe = admission is Admission.PROBE
         if mode is Mode.SHADOW:
             with self._lock:
@@ -238,10 +240,10 @@ class Gate:
                     self._mirrors += 1
                 mirrors = self._mirrors
             self._metrics.mirrors(mirrors)
-            return (BASELINE, SHADOW, True, probe) if free else (BASELINE, SHADOW_BUSY, False, False)
+            return RouteResult(Route.BASELINE, SHADOW, shadow=True, probe=probe) if free else _baseline(SHADOW_BUSY)
         if probe:
-            return SPECULATIVE, HALF_OPEN_PROBE, False, True
-        return SPECULATIVE, (PROD if canary >= 100.0 else CANARY_IN), False, False
+            return RouteResult(Route.SPECULATIVE, HALF_OPEN_PROBE, probe=True)
+        return RouteResult(Route.SPECULATIVE, PROD if canary >= 100.0 else CANARY_IN)
 
     def _breaker_policy(self, policy: Policy, algorithm: str) -> BreakerPolicy:
         """The breaker settings with `auto` thresholds made concrete for this algorithm."""

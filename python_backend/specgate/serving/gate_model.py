@@ -39,7 +39,7 @@ import numpy as np
 
 from specgate.contract import PARAM_CANCEL
 from specgate.errors import InvalidInput
-from specgate.gate import Decision, Gate, PolicyError
+from specgate.gate import Decision, Gate, PolicyError, Route
 from specgate.gate.admission import Overloaded, Ticket
 from specgate.gate.labels import label_secret_from_env
 from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
@@ -152,7 +152,7 @@ class GateModel:
                 if d.shadow:
                     self.gate.end_shadow(d, None)  # its mirror never started
                 raise
-            if d.route == "speculative":
+            if d.route is Route.SPECULATIVE:
                 self._serve_speculative(out, cancel, llm, d, prompt, stops)
             else:
                 self._serve_baseline(out, cancel, llm, d, prompt, stops)
@@ -187,7 +187,7 @@ class GateModel:
             self._continue_on_baseline(out, cancel, FALLBACK, SpecStats(), llm, d, prompt, stops)
         except EngineFailure as exc:
             log.warning("spec_engine failed, continuing on target_engine: %s", exc)
-            self.gate.record_failure(d, "speculative")
+            self.gate.record_failure(d, Route.SPECULATIVE)
             self._continue_on_baseline(out, cancel, FALLBACK, SpecStats(), llm, d, prompt, stops)
 
     def _serve_baseline(
@@ -200,7 +200,7 @@ class GateModel:
                 self.engines.run("target_engine", llm, d, prompt, stops, out.send, cancel, on_idle=out.heartbeat)
                 served = out.ids if llm.temperature == 0 else None
             except EngineFailure as exc:
-                self.gate.record_failure(d, "baseline")
+                self.gate.record_failure(d, Route.BASELINE)
                 log.warning("target_engine failed, continuing on spec_engine: %s", exc)
                 self._continue_on_speculative(out, cancel, exc, llm, d, prompt, stops)
         finally:  # whatever ended the request, its mirror slot is freed once the mirror ends
@@ -217,7 +217,7 @@ class GateModel:
         request triggered keeps it on spec_engine, the baseline being down; if spec_engine cannot
         serve it either (it failed, or refused an algorithm it has not loaded), the client hears of
         the baseline's failure, which is what went wrong first."""
-        out.route, out.reason = "speculative", TARGET_FALLBACK
+        out.route, out.reason = Route.SPECULATIVE, TARGET_FALLBACK
         while True:
             try:
                 self.engines.run(
@@ -237,7 +237,7 @@ class GateModel:
     ) -> None:
         """Finish on target_engine a request that started on spec_engine, from the prompt plus the
         tokens already streamed; its responses report `reason` and `stats` from here on."""
-        out.route, out.reason, out.stats = "baseline", reason, stats
+        out.route, out.reason, out.stats = Route.BASELINE, reason, stats
         self.engines.run(
             "target_engine", llm, d, prompt + out.ids, stops, lambda tokens, _: out.send(tokens, stats), cancel, already=len(out.ids), on_idle=out.heartbeat
         )

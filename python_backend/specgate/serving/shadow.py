@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from specgate.gate import Decision, Gate
+from specgate.gate import Decision, Gate, Route
 from specgate.serving.bls import Cancelled
 from specgate.serving.engine_client import EngineClient, EngineRefused, HandedOver
 from specgate.serving.llm_request import LLMRequest
@@ -54,7 +54,7 @@ class Shadow:
             result = mirror.result(timeout=MIRROR_TIMEOUT_S)
         except Exception as exc:
             log.warning("shadow mirror failed: %s", exc)
-            self.gate.record_failure(d, "speculative")
+            self.gate.record_failure(d, Route.SPECULATIVE)
             self.gate.end_shadow(d, None)
             return
         if result is None:
