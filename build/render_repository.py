@@ -13,19 +13,10 @@ from pathlib import Path
 from string import Template
 from typing import Iterable
 
-from specgate.contract import (
-    ENGINE_EXTENSIONS,
-    ENGINE_INPUTS,
-    ENGINE_OUTPUTS,
-    LLM_INPUTS,
-    LLM_OUTPUTS,
-    PREPROCESSED,
-    TO_POSTPROCESSING,
-    Tensor,
-)
+from specgate.contract import ENGINE_EXTENSIONS, ENGINE_INPUTS, ENGINE_OUTPUTS, GATE_TICK, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, Tensor
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "model_repository"
-MODELS = ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine", "postprocessing")
+MODELS = ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine")
 
 
 def tensor_block(tensors: Iterable[Tensor], inputs: bool = True) -> str:
@@ -45,10 +36,10 @@ def engine_tensor_values(with_extensions: bool) -> dict[str, str]:
 
 def llm_tensor_values() -> dict[str, str]:
     """The `llm` ensemble and the configs of the models it chains, from the contract's API tensors:
-    a knob added to specgate.contract reaches every config it passes through."""
+    a knob added to specgate.contract reaches every config it passes through. spec_gate runs in two
+    steps: its intake reads the request, its serving step answers the client (contract.GATE_TICK)."""
     pre_in = [t for t in LLM_INPUTS if t.step == "preprocessing"]
     gate_in = [t for t in LLM_INPUTS if t.step == "spec_gate"]
-    post_out = list(LLM_OUTPUTS)  # the gate's decisions too, from its GateState (see contract.GATE_OUTPUTS)
 
     def step(model: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]]) -> str:
         maps = [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs]
@@ -59,8 +50,8 @@ def llm_tensor_values() -> dict[str, str]:
     own = lambda ts: [(t.name, t.name) for t in ts]  # noqa: E731
     steps = [
         step("preprocessing", own(pre_in), internal(PREPROCESSED)),
-        step("spec_gate", internal(PREPROCESSED) + own(gate_in), internal(TO_POSTPROCESSING)),
-        step("postprocessing", internal(TO_POSTPROCESSING), own(post_out)),
+        step("spec_gate", internal(PREPROCESSED) + own(gate_in), internal([GATE_TICK])),
+        step("spec_gate", internal([GATE_TICK]), own(LLM_OUTPUTS)),
     ]
     return {
         "llm_inputs": tensor_block(LLM_INPUTS),
@@ -68,10 +59,8 @@ def llm_tensor_values() -> dict[str, str]:
         "llm_steps": ",\n".join(steps),
         "preprocessing_inputs": tensor_block(pre_in),
         "preprocessing_outputs": tensor_block(PREPROCESSED, inputs=False),
-        "gate_inputs": tensor_block([*PREPROCESSED, *gate_in]),
-        "gate_outputs": tensor_block(TO_POSTPROCESSING, inputs=False),
-        "postprocessing_inputs": tensor_block(TO_POSTPROCESSING),
-        "postprocessing_outputs": tensor_block(post_out, inputs=False),
+        "gate_inputs": tensor_block([*PREPROCESSED, *gate_in, GATE_TICK]),
+        "gate_outputs": tensor_block([*LLM_OUTPUTS, GATE_TICK], inputs=False),
     }
 
 

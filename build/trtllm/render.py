@@ -1,7 +1,7 @@
 """Template values for the tensorrtllm variant of the ONE model repository (build/render_repository.py).
 
-Only `target_engine` and `spec_engine` change (their `config.trtllm.pbtxt`); llm, preprocessing, spec_gate
-and postprocessing render from the same templates and values as on the CPU.
+Only `target_engine` and `spec_engine` change (their `config.trtllm.pbtxt`); llm, preprocessing and
+spec_gate render from the same templates and values as on the CPU.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def server_env(repo_root: Path) -> dict[str, str]:
         "TRTLLM_ORCHESTRATOR": "1",
         "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1",
         "SPECGATE_PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-        # spec_gate and postprocessing sign their cancel messages with it (the caller creates the file)
+        # spec_gate reads it at start-up: it signs a CPU engine's requests with it (the caller creates the file)
         ENGINE_KEY_ENV: str(repo_root / ENGINE_SECRET.relative_to(ROOT)),
     }
 

@@ -6,7 +6,7 @@ a subset of the TensorRT-LLM backend's own `tensorrt_llm` model (same names, dty
 CPU reference engines produce; the gate treats them as optional.
 
 `LLM_INPUTS` / `LLM_OUTPUTS` are the public entry point (`llm` ensemble): README's request-API table and
-the llm, preprocessing, spec_gate and postprocessing configs are made from them.
+the llm, preprocessing and spec_gate configs are made from them.
 """
 
 from __future__ import annotations
@@ -135,19 +135,17 @@ PARAM_CALIBRATE = "specgate_calibrate"
 VERIFY_COST_METRIC = "spec_decode_verification_cost_seconds"
 
 # Cancellation and liveness, CPU engines only (docs/robustness.md). Triton 2.51 cannot cancel a BLS
-# request, and tells a running ensemble step nothing of its client's cancellation, so:
+# request (the gate learns of its own client's cancellation through GATE_TICK, below), so:
 # - the gate tags each engine request with a random key, in this parameter;
 PARAM_REQUEST_KEY = "specgate_request_key"
-# - a control message with this parameter set to a key stops that request: an engine stops it at its
-#   next step; the gate (whose responses carry its own key in GateState.request_key, which
-#   postprocessing sends back when a request reaches it cancelled) stops serving it;
+# - a control message with this parameter set to a key stops that request at the engine's next step;
 PARAM_CANCEL = "specgate_cancel"
 # - a live engine answers a control message with this parameter at once: the gate sends one when an
 #   engine request has been silent a while, to tell a slow engine from a dead process.
 PARAM_PING = "specgate_ping"
 # The engine control channel's secret (specgate.serving.engine_key): every request to an engine model,
-# generation or control message, and every PARAM_CANCEL to spec_gate carries it in this parameter;
-# a model refuses any that does not, so only the server's own models can steer the engines.
+# generation or control message, carries it in this parameter; an engine refuses any that does not,
+# so only the server's own gate can steer the engines.
 PARAM_ENGINE_KEY = "specgate_engine_key"
 # Each engine's series, label `model`: requests accepted and not finished; tokens in its KV cache
 # when the latest request ended (0 when idle); tokens generated; requests stopped by a cancellation.
@@ -170,11 +168,11 @@ MAX_STOP_TOKENS = MAX_STOP_BYTES  # one stop sequence as token ids: a token hold
 
 @dataclass(frozen=True)
 class ApiTensor(Tensor):
-    """An input or output of the `llm` entry point: the model that reads it in the ensemble (for an
-    output, the model that decides it: postprocessing writes them all), and what it means to a
-    client (README's request-API table is made from these)."""
+    """An input or output of the `llm` entry point: the model that reads it in the ensemble (every
+    output is spec_gate's), and what it means to a client (README's request-API table is made from
+    these)."""
 
-    step: str = "spec_gate"  # preprocessing | spec_gate | postprocessing
+    step: str = "spec_gate"  # preprocessing | spec_gate
     meaning: str = ""
 
 
@@ -197,7 +195,7 @@ LLM_INPUTS: tuple[ApiTensor, ...] = (
 )
 
 LLM_OUTPUTS: tuple[ApiTensor, ...] = (
-    ApiTensor("text_output", "TYPE_STRING", (-1,), step="postprocessing", meaning="the new text of this response"),
+    ApiTensor("text_output", "TYPE_STRING", (-1,), meaning="the new text of this response"),
     ApiTensor("route", "TYPE_STRING", (1,), meaning="speculative or baseline"),
     ApiTensor("gate_reason", "TYPE_STRING", (1,), meaning="why (docs/gate.md, reason codes)"),
     ApiTensor("num_draft_tokens", "TYPE_INT32", (1,), meaning="draft nodes verified so far"),
@@ -207,33 +205,26 @@ LLM_OUTPUTS: tuple[ApiTensor, ...] = (
     ApiTensor("draft_budget", "TYPE_INT32", (1,), meaning="spec_engine's per-step draft budget now; 0 = decoding plainly (drafting does not pay here); -1 on baseline"),
 )
 
-# What preprocessing hands spec_gate, and spec_gate hands postprocessing (ensemble internals).
+# What preprocessing hands spec_gate (ensemble internals). Optional as spec_gate's inputs: its serving
+# step (GATE_TICK) maps none of them; the gate refuses a request without a prompt itself.
 PREPROCESSED: tuple[Tensor, ...] = (
-    Tensor("input_ids", "TYPE_INT32", (-1,)),
-    Tensor("input_lengths", "TYPE_INT32", (1,)),
-    Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True),  # optional as spec_gate's input
+    Tensor("input_ids", "TYPE_INT32", (-1,), optional=True),
+    Tensor("input_lengths", "TYPE_INT32", (1,), optional=True),
+    Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True),
 )
-GATE_STATE_TENSOR = "gate_state"
-# A gate response that is not final and holds no new ids (len(output_ids) == its prev_output_length) is a
-# heartbeat: the gate sends one while nothing else has gone out for a while, so that postprocessing,
-# the one step that learns of a client's cancellation, looks at it also for a non-streamed request.
-# Postprocessing answers a heartbeat with no response, so the client never sees it.
-TO_POSTPROCESSING: tuple[Tensor, ...] = (
-    Tensor("output_ids", "TYPE_INT32", (-1,)),  # all ids so far
-    # The rest of a gate response, one JSON GateState. One tensor rather than eleven: each tensor of
-    # a streamed response is work in the gate, Triton and postprocessing, and that work is taken
-    # from the decode (docs/engines.md, "Streaming").
-    Tensor(GATE_STATE_TENSOR, "TYPE_STRING", (1,)),
-)
-# The `llm` outputs spec_gate decides (route, reason, counts). Postprocessing writes them from the
-# GateState, so that every client response is one postprocessing response: Triton's ensemble pairs
-# its outputs by the order in which each tensor was produced, and a heartbeat that postprocessing
-# swallows would otherwise shift the gate's outputs against the text.
-GATE_OUTPUTS: tuple[ApiTensor, ...] = tuple(t for t in LLM_OUTPUTS if t.step == "spec_gate")
+# spec_gate runs in two steps of the `llm` ensemble, both in its one process (docs/request-flow.md).
+# The intake step reads the request and answers with this tensor, [request key, n]: n = 0 schedules the
+# serving step, whose responses are the client's; then, while the request lives, n = 1, 2, ... schedule
+# one short step each (a tick) and nothing else. Why: Triton 2.51 tells a running ensemble step nothing
+# of its client's cancellation, but marks every step it schedules after one as cancelled, so a tick
+# finds out whether the client is still there. The ticks cost the gate a step every so often, not one
+# per streamed response (a step after the gate would see every response, and each costs a round trip
+# through the Python backend: docs/engines.md, "Streaming").
+GATE_TICK = Tensor("gate_tick", "TYPE_INT64", (2,), optional=True)
 
 
 class GateDecision(BaseModel):
-    """The `llm` outputs the gate decides (GATE_OUTPUTS), as values."""
+    """The `llm` outputs beside `text_output`, as values: what the gate decided and counted."""
 
     route: str
     gate_reason: str
@@ -242,20 +233,6 @@ class GateDecision(BaseModel):
     acceptance_rate: float
     num_output_tokens: int
     draft_budget: int
-
-
-class GateState(GateDecision):
-    """What one spec_gate response tells postprocessing besides its ids (GATE_STATE_TENSOR)."""
-
-    prev_output_length: int  # of output_ids, those that earlier responses turned into text
-    is_final: bool
-    request_key: int  # the gate's key of the request, sent back to the gate when it arrives cancelled
-    # [code, message] of an error that ends the request after responses went out, else ("", "");
-    # postprocessing answers it as that error (triton_io.ERROR_CODES). Why: Triton 2.51's ensemble
-    # never completes a request when a step sends an error while other steps of it are in flight
-    # (core's EnsembleContext::PrepareSteps skips the step accounting once the status is an error;
-    # fixed upstream in core PR 466), and the postprocessing steps of earlier responses may be.
-    error: tuple[str, str] = ("", "")
 
 
 def api_table() -> str:

@@ -37,11 +37,11 @@ PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
 # - "<engine> is not answering: ...": an engine process is gone or hung, and the gate could not
 #   serve the request on the other one either (serving/engine_client.py): 502;
 # - Triton unreachable, or `llm` not loaded or not ready: 502;
-# - "gate error: ...", "postprocessing error: ...", "<engine>: ...": our own faults: 500.
+# - "gate error: ...", "<engine>: ...": our own faults: 500.
 # Anything else is the client's (400).
 _OVERLOADED = re.compile(r"overloaded:")
 _ENGINE_GONE = re.compile(r"(spec_engine|target_engine) is not answering\b")
-_SERVER_FAULT = re.compile(r"(gate error|postprocessing error|spec_engine|target_engine):")
+_SERVER_FAULT = re.compile(r"(gate error|spec_engine|target_engine):")
 # Triton's own answers while `llm` is not loaded or not ready
 _UNAVAILABLE_MARKERS = ("unknown model", "is not ready", "unavailable")
 RETRY_AFTER_S = 1  # the gate frees slots as fast as requests finish; a client retries soon

@@ -11,7 +11,7 @@ from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_KV_METRIC
 from tests.conftest import stub_pids
 
 ENGINES = ("target_engine", "spec_engine")
-MODELS = ("preprocessing", "spec_gate", *ENGINES, "postprocessing")
+MODELS = ("preprocessing", "spec_gate", *ENGINES)
 
 
 def rss_mb(pid: int) -> float:

@@ -1,9 +1,9 @@
 """Issue 16: a client that cancels a gRPC stream, or drops an HTTP stream, stops the generation
 within a few tokens on either engine, and the engine frees the slot and its KV cache.
 
-Through `llm` the path is: Triton marks the ensemble's next postprocessing step cancelled, which
-tells the gate, which stops the request and tells its engine (docs/robustness.md); a client of an
-engine itself is cancelled by Triton directly. Measured on the server's own counters: the tokens
+Through `llm` the path is: Triton marks the next tick of the gate's intake step cancelled (ticks
+are steps it schedules after the cancellation; contract.GATE_TICK), the gate stops the request and
+tells its engine (docs/robustness.md); a client of an engine itself is cancelled by Triton directly. Measured on the server's own counters: the tokens
 the engine generated against those the client had seen when it cancelled. Repeated cancellations
 must leave no request, cache cell or memory behind.
 """
@@ -29,10 +29,11 @@ LONG = GenerateParams(max_tokens=400, num_speculative_tokens=4, speculative_algo
 SEEN = 4  # tokens the client reads before it cancels
 # Tokens the engine may generate past what the client saw: those already on their way to it (a
 # streamed response goes out at most every stream interval, which the engine measures and keeps
-# within 100 ms: up to about 30 tokens of llama.cpp on a fast CPU), those made while the cancel travels postprocessing -> gate -> engine (a
-# few steps), and the step under way when the engine hears of it (up to k + 1 = 5 tokens for
-# spec_engine). Measured with a 40 ms interval: 5-16 past what was seen; a cancel that did not stop
-# the engine runs to 400.
+# within 100 ms: up to about 30 tokens of llama.cpp on a fast CPU), those made until the gate's next
+# tick sees the cancellation (one request alone ticks every 0.1 s: serving/watch.py) and while the stop
+# travels gate -> engine (a few steps), and the step under way when the engine hears of it (up to
+# k + 1 = 5 tokens for spec_engine). Measured with a 40 ms interval and postprocessing relaying the
+# cancel (before issue 50): 5-16 past what was seen; a cancel that did not stop the engine runs to 400.
 FEW = 40
 # Non-streamed: a reply longer than any the engine makes before the client leaves
 COUNT = "Write the numbers from 1 to 1000 separated by commas."  # 1000 tokens and more at T=0
@@ -85,7 +86,7 @@ def test_cancel_through_llm_stops_the_engine(request, server, mode: str, proto: 
 
 def _cancels(before: Samples, after: Samples, model: str) -> str:
     """Which hops a cancellation reached, for the record: a failure names the hop it did not pass
-    (the gate's counter: postprocessing relayed it; the engine's: the gate's stop arrived)."""
+    (the gate's counter: a tick saw it; the engine's: the gate's stop arrived)."""
     gate, engine = delta(before, after, "spec_gate_cancelled_total"), delta(before, after, ENGINE_CANCELLED_METRIC, model=model)
     return f"cancellations counted by the gate {gate:.0f}, by {model} {engine:.0f}"
 
@@ -111,8 +112,8 @@ def _leave_unstreamed(server, mode: str) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("mode", ["off", "prod"])
 def test_a_client_that_leaves_a_non_streamed_request_stops_it(server, mode: str) -> None:  # noqa: ANN001
-    """Issue 26: no response reaches postprocessing before the end of a non-streamed request, so only
-    the gate's heartbeats let it see the cancellation; without them the engine ran to max_tokens.
+    """Issue 26: a non-streamed request sends its client nothing until its end; the intake's ticks
+    see the cancellation all the same (before them, the engine ran to max_tokens).
     (HTTP `generate` is not tested: Triton 2.51 does not notice that its client left, docs/robustness.md.)"""
     model = ENGINE_OF[mode]
     before = engines_idle(server.metrics)

@@ -191,7 +191,7 @@ def test_client_disconnect_cancels_the_triton_stream(front):
 
 def test_a_non_streamed_client_that_leaves_stops_the_engine(front, server):
     """Issue 26: OpenAI's default, a non-streamed request; its client leaves mid-generation. The front
-    cancels its gRPC stream, and the gate's heartbeats let postprocessing see it, so target_engine
+    cancels its gRPC stream, and the gate's ticks see it, so target_engine
     stops the request (before: it ran to max_tokens, holding its slot)."""
     messages = [{"role": "user", "content": "Write the numbers from 1 to 1000 separated by commas."}]  # 1000 tokens and more
     body = json.dumps({"model": "llm", "messages": messages, "max_tokens": 1000})

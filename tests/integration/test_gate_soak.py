@@ -20,8 +20,8 @@ Issue 26 added: clients that leave a long non-streamed gRPC request (LEAVE_EVERY
 caller without the engine key who keeps calling the engines and spec_gate's cancel directly (every
 call must be refused, naming the key); and slow engines: every SLOW_EVERY_S the test holds the
 engines' compute lock for longer than the stall timeout (slow, not dead: nothing may count as an
-engine failure). Added since: a caller that streams from spec_gate directly asking for output_ids
-alone (`_partial_call`: Triton 2.51 dropped the other outputs off the GIL, which hung the stub).
+engine failure). Added since: a caller that streams from spec_gate directly asking for two of its
+outputs (`_partial_call`: Triton 2.51 dropped the others off the GIL, which hung the stub).
 
 Fails if a request that was not cancelled raised or timed out (lost), if a response is malformed,
 if a stub process died or was replaced, if an engine still holds a request or cache cell at the
@@ -50,7 +50,7 @@ from loadtest.metrics import delta, scrape, value
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.machine import machine
 from specgate.contract import (
-    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
+    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
 )
 from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from specgate.gate import REASONS
@@ -98,7 +98,6 @@ def _keyless_call(url: str, rng: random.Random) -> str | None:
         ("spec_engine", engine_inputs([1, 504, 1056], 4, 2, streaming=False), {PARAM_ALGORITHM: "ngram"}),
         ("spec_engine", control, {PARAM_CALIBRATE: json.dumps({"draft_ms": {"ngram": 1e6}})}),
         ("spec_engine", control, {PARAM_HAND_OVER: True}),
-        ("spec_gate", {"input_ids": np.zeros(1, np.int32), "input_lengths": np.ones(1, np.int32)}, {PARAM_CANCEL: "1"}),
     ])
     try:
         list(stream_engine(url, model, arrays, params, ["output_ids"], timeout_s=300))
@@ -108,10 +107,10 @@ def _keyless_call(url: str, rng: random.Random) -> str | None:
 
 
 def _partial_call(url: str, rng: random.Random) -> int:
-    """A direct spec_gate stream that asks for output_ids alone; returns the tokens it got. Triton
+    """A direct spec_gate stream that asks for two of its outputs; returns the tokens it got. Triton
     2.51 drops the other outputs off the GIL, which corrupted spec_gate's heap (serving/triton_io,
-    RequestedOutputsSender): such streams alone, 8 at a time, hung the stub after 32 and after 80
-    requests (two runs); with the fix 200 of 200 were served."""
+    RequestedOutputsSender): such streams alone (then asking for output_ids alone), 8 at a time,
+    hung the stub after 32 and after 80 requests (two runs); with the fix 200 of 200 were served."""
     ids = [1, 504, 1056, 30, 77, 900, 1201, 345]
     arrays = {
         "input_ids": np.array(ids, np.int32), "input_lengths": np.array([len(ids)], np.int32),
@@ -120,11 +119,12 @@ def _partial_call(url: str, rng: random.Random) -> int:
     }  # fmt: skip
     # on the baseline: keyless speculative calls would feed the org breaker that the soak's anonymous
     # requests share (the bug is in how the gate sends, whatever the route)
-    results = [r for _, r in stream_engine(url, "spec_gate", arrays, {HEADER_SPEC_MODE: "off"}, ["output_ids"], timeout_s=300)]
+    asked = ["text_output", "num_output_tokens"]
+    results = [r for _, r in stream_engine(url, "spec_gate", arrays, {HEADER_SPEC_MODE: "off"}, asked, timeout_s=300)]
     names = {o.name for r in results for o in r.get_response().outputs}
-    if names != {"output_ids"}:
-        raise AssertionError(f"asked for output_ids, got {sorted(names)}")
-    return max(len(r.as_numpy("output_ids")) for r in results if r.as_numpy("output_ids") is not None)
+    if names != set(asked):
+        raise AssertionError(f"asked for {asked}, got {sorted(names)}")
+    return max(int(r.as_numpy("num_output_tokens")[0]) for r in results if r.as_numpy("num_output_tokens") is not None)
 
 
 def _write_policy(policy: dict) -> None:
@@ -232,7 +232,7 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
             time.sleep(KEYLESS_EVERY_S)
 
     def partial_caller() -> None:
-        """Direct spec_gate streams that ask for output_ids alone (see _partial_call)."""
+        """Direct spec_gate streams that ask for two of its outputs (see _partial_call)."""
         rng = random.Random(11)
         while time.monotonic() < deadline:
             with lock:
@@ -241,7 +241,7 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
                 tokens = _partial_call(url, rng)
             except Exception as exc:
                 with lock:
-                    lost.append(f"spec_gate asked for output_ids alone: {exc!r}"[:400])
+                    lost.append(f"spec_gate asked for two outputs: {exc!r}"[:400])
                 continue
             with lock:
                 counts["partial"] += 1

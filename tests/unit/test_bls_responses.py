@@ -119,10 +119,3 @@ def test_a_slow_engine_that_answers_probes_is_not_stalled(monkeypatch: pytest.Mo
     threading.Timer(1.5, lambda: [req.q.put("done"), req.q.put(None)]).start()  # three stall timeouts of silence
     got = [r for batch in responses(req, "engine", stall_s=0.5, probe=lambda: probes.append(1)) for r in batch]
     assert got == ["done"] and probes
-
-
-def test_on_idle_runs_while_the_engine_is_silent() -> None:
-    req, idle = FakeRequest(), []
-    threading.Timer(4 * bls.TICK_S, lambda: req.q.put(None)).start()
-    assert list(responses(req, "engine", on_idle=lambda: idle.append(1))) == []
-    assert idle

@@ -10,7 +10,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from specgate.algorithms import ALGORITHMS, check_k
-from specgate.contract import GATE_OUTPUTS, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, TO_POSTPROCESSING, GateDecision, GateState, api_table
+from specgate.contract import GATE_TICK, LLM_INPUTS, LLM_OUTPUTS, PREPROCESSED, GateDecision, api_table
 from specgate.decoding.sampling import SamplingParams
 from specgate.errors import InvalidInput
 from specgate.gate import Gate, RequestInputs
@@ -42,16 +42,17 @@ def test_rendered_configs_carry_the_contract(rendered) -> None:  # noqa: ANN001
     assert _io(rendered["llm"], "output") == _expected(LLM_OUTPUTS)
     assert _io(rendered["preprocessing"], "input") == _expected(t for t in LLM_INPUTS if t.step == "preprocessing")
     assert _io(rendered["preprocessing"], "output") == _expected(PREPROCESSED)
-    assert _io(rendered["spec_gate"], "input") == _expected([*PREPROCESSED, *(t for t in LLM_INPUTS if t.step == "spec_gate")])
-    # the gate's decisions reach the client through postprocessing, which writes every llm output
-    assert _io(rendered["spec_gate"], "output") == _expected(TO_POSTPROCESSING)
-    assert _io(rendered["postprocessing"], "input") == _expected(TO_POSTPROCESSING)
-    assert _io(rendered["postprocessing"], "output") == _expected(LLM_OUTPUTS)
-    steps = {s.model_name: s for s in rendered["llm"].ensemble_scheduling.step}
-    assert set(steps["postprocessing"].output_map.values()) == {t.name for t in LLM_OUTPUTS}
-    assert not set(steps["spec_gate"].output_map.values()) & {t.name for t in LLM_OUTPUTS}
-    # ... from the gate state, which holds each of them
-    assert {t.name for t in GATE_OUTPUTS} == set(GateDecision.model_fields) and issubclass(GateState, GateDecision)
+    assert _io(rendered["spec_gate"], "input") == _expected([*PREPROCESSED, *(t for t in LLM_INPUTS if t.step == "spec_gate"), GATE_TICK])
+    assert _io(rendered["spec_gate"], "output") == _expected([*LLM_OUTPUTS, GATE_TICK])
+    # spec_gate's two steps: the intake reads the request and hands the serving step its key; the
+    # serving step writes every llm output (the front's meta is every one but the text)
+    steps = [(s.model_name, dict(s.input_map), dict(s.output_map)) for s in rendered["llm"].ensemble_scheduling.step]
+    assert [model for model, _, _ in steps] == ["preprocessing", "spec_gate", "spec_gate"]
+    (_, _, pre_out), (_, intake_in, intake_out), (_, serve_in, serve_out) = steps
+    assert set(intake_in) == {t.name for t in PREPROCESSED} | GATE_KNOBS and set(intake_in.values()) >= set(pre_out.values())
+    assert list(intake_out) == [GATE_TICK.name] and serve_in == {GATE_TICK.name: intake_out[GATE_TICK.name]}
+    assert serve_out == {t.name: t.name for t in LLM_OUTPUTS}
+    assert set(GateDecision.model_fields) == {t.name for t in LLM_OUTPUTS} - {"text_output"}
 
 
 def test_request_model_client_and_grpc_builder_follow_the_contract() -> None:

@@ -93,7 +93,6 @@ def test_stop_trimmer_without_stops_holds_nothing_back():
     ("in ensemble 'llm', input_ids: token id 99999 is not in the model's vocabulary ([0, 49152))", 400, None),
     ("in ensemble 'llm', target_engine: stub died", 500, None),
     ("in ensemble 'llm', gate error: boom", 500, None),
-    ("in ensemble 'llm', postprocessing error: boom", 500, None),
     ("Request for unknown model: 'llm' is not found", 502, None),
     # the gate's own wording (gate/admission.py, serving/engine_client.py): issue 26 found these as 400
     ("in ensemble 'llm', overloaded: 1 requests already queued (admission.max_queued); retry later", 503, 1),

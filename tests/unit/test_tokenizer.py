@@ -65,9 +65,9 @@ def test_decodes_are_transformers(ours, reference) -> None:  # noqa: ANN001
         assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False), ids
 
 
-def test_the_text_stubs_start_without_torch() -> None:
+def test_the_preprocessing_and_gate_stubs_start_without_torch() -> None:
     """Why this tokenizer exists: torch (via AutoTokenizer) was most of a server's start-up CPU."""
-    code = "import sys; import specgate.serving.text_models, specgate.text.tokenizer; print('torch' in sys.modules)"
+    code = "import sys; import specgate.serving.preprocessing_model, specgate.serving.gate_model; print('torch' in sys.modules)"
     path = ":".join(str(p) for p in (ROOT / "tests" / "unit", ROOT / "python_backend", ROOT))
     fake = "import sys, fake_pb_utils; sys.modules['triton_python_backend_utils'] = fake_pb_utils"
     out = subprocess.run([sys.executable, "-c", f"{fake}; {code}"], cwd=ROOT, env={"PYTHONPATH": path}, capture_output=True, text=True, check=True)
@@ -75,7 +75,7 @@ def test_the_text_stubs_start_without_torch() -> None:
 
 
 def test_a_tokenizer_that_renders_no_chat_imports_no_transformers_and_renders_one_on_demand(checkpoint, ours) -> None:  # noqa: ANN001
-    """postprocessing and a repository render only decode or read ids: they skip transformers' import
+    """spec_gate and a repository render only decode or read ids: they skip transformers' import
     (about 1.3 s of CPU per process), and a chat rendered after all is the same."""
     code = (f"import sys; sys.path[:0] = [{str(ROOT / 'python_backend')!r}]; from specgate.text.tokenizer import PromptTokenizer; "
             f"t = PromptTokenizer({str(checkpoint)!r}, 10**6, chat=False); print('transformers' in sys.modules, t.eos_id, t.vocab_size); "

@@ -35,7 +35,7 @@ def test_dry_run_prints_every_command_and_config(tmp_path: Path) -> None:
            f"--eagle_model_dir {eng}/checkpoints/eagle-head" in out  # fmt: skip
     assert "--max_draft_len 14 --num_eagle_layers 3 --max_non_leaves_per_layer 10" in out
     assert f"--output_dir {eng}/engines/spec" in out and "--speculative_decoding_mode eagle" in out
-    for model in ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine", "postprocessing"):
+    for model in ("llm", "preprocessing", "spec_gate", "target_engine", "spec_engine"):
         assert f"model_repository/{model}/config.pbtxt" in out
     assert out.count('backend: "tensorrtllm"') == 2
     assert f'key: "gpt_model_path" value: {{ string_value: "{eng}/engines/spec" }}' in out

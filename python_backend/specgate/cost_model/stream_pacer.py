@@ -1,6 +1,6 @@
 """How often an engine streams: the finest interval whose responses cost at most a budget of its decode.
 
-A streamed response wakes the engine's response sender, Triton, the gate and postprocessing. Where
+A streamed response wakes the engine's response sender, Triton and the gate. Where
 the decode has every core (2 threads on 2 cores), that work preempts a decode thread and the other
 spins at a barrier: on a 2-core Ice Lake VM the engine measured 3-4 ms of decode time a response,
 a third of a token (docs/engines.md, "Streaming"). With a core to spare it costs far less.

@@ -50,7 +50,7 @@ class EngineConfig(BaseModel):
     # what else its decode holds, so greedy output is one answer whatever the route, the draft
     # budget or the batch (docs/engines.md, "Exact greedy", with what it costs)
     exact: bool = Field(True, description="llamacpp: batch-invariant kernels (greedy output identical across routes, budgets and batches)")
-    # each streamed response costs work in the gate, postprocessing and Triton on the cores llama.cpp
+    # each streamed response costs work in the gate and Triton on the cores llama.cpp
     # may decode on; what that costs depends on the machine, so by default the engine measures it and
     # streams as finely as the budget allows (cost_model/stream_pacer.py, docs/engines.md, "Streaming")
     stream_interval_ms: float | None = Field(

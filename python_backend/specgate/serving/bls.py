@@ -71,7 +71,6 @@ def responses(
     stall_s: float | None = None,
     cancelled: threading.Event | None = None,
     probe: Callable[[], None] | None = None,
-    on_idle: Callable[[], None] | None = None,
 ) -> Iterator[list[Any]]:
     """The BLS responses of `req`, in lists of those that arrived while the previous list was being
     forwarded (so a slow client path gets fewer, larger responses instead of a growing backlog).
@@ -80,7 +79,7 @@ def responses(
     Silent (an EngineFailure) if the engine gives no sign of life for `stall_s` seconds (None: no limit), and
     whatever `probe` raises, which is called after every PROBE_AFTER_S of silence. A probe that
     returns is a sign of life: a slow engine that answers it is not stalled (a non-streamed request
-    hears nothing else until its end). `on_idle` runs every TICK_S of silence.
+    hears nothing else until its end).
     """
     q: queue.Queue = queue.Queue()
 
@@ -110,8 +109,6 @@ def responses(
             if probe is not None and now - heard > PROBE_AFTER_S:
                 probe()
                 heard = time.monotonic()  # it answered: alive, only slow
-            if on_idle is not None:
-                on_idle()
             continue
         heard = time.monotonic()
         while not q.empty():

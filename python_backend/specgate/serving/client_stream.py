@@ -1,81 +1,144 @@
-"""The client-facing stream of one request through spec_gate: what postprocessing and the client see."""
+"""What the client of one request sees, and the one thread that sends it.
+
+The gate turns the engine's ids into text itself and answers the client directly: every response
+holds the new text and all the gate's outputs (contract.LLM_OUTPUTS). A send is a synchronous round
+trip through Triton (python_backend's `ResponseSender::Send` waits until the server has handled it),
+so a request's serving thread never sends a streamed response: it records the engine's tokens in the
+request's `ClientStream` and goes back to draining the engine, and the gate's one `Outbox` thread
+sends what is waiting, one response per request however many engine responses came meanwhile. The
+final response, or the error that ends a request, is the serving thread's, once the Outbox is done
+with the request (docs/request-flow.md).
+"""
 
 from __future__ import annotations
 
-import time
+import logging
+import queue
+import threading
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specgate.contract import GATE_STATE_TENSOR, GateState
+from specgate.gate import Route
 from specgate.serving.triton_io import FINAL, coded_error_response, tensor
 from specgate.stats import SpecStats
+from specgate.text.detokenizer import Decoder, delta_text
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT_S = 60.0  # a last response waits this long at most for the Outbox's send of the request
 
 
-HEARTBEAT_S = 1.0  # silence towards postprocessing after which a heartbeat goes out
+class Outbox:
+    """The gate's sending thread: the streamed responses of every request, in order per request.
+    Bounded: a request waits in its queue at most once (`ClientStream.scheduled`), so it holds no more
+    entries than there are requests."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[ClientStream | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="gate-outbox", daemon=True)
+        self._thread.start()
+
+    def schedule(self, stream: ClientStream) -> None:
+        self._q.put(stream)
+
+    def shutdown(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while (stream := self._q.get()) is not None:
+            stream.flush()
 
 
 class ClientStream:
-    """Cumulative ids for postprocessing, the route, its reason and the draft statistics. Every
-    response carries the request's key, which postprocessing sends back if the client cancels.
+    """One request's responses: the ids the engines made, the text of those already sent, the route,
+    its reason and the draft statistics. `send` (the serving thread) records and, for a streamed
+    request, schedules a flush on the Outbox; `finish` or `fail` (the serving thread) sends the last
+    response once no flush is under way, and no flush sends after it."""
 
-    Postprocessing can only see a cancellation on a response that reaches it, and a non-streamed
-    request (or a streamed one whose engine is silent) sends none until its end: `heartbeat`, called
-    while the gate waits on an engine, then sends an empty one (contract.TO_POSTPROCESSING), which
-    postprocessing looks at and swallows.
-
-    An error after a response went out travels as data in a final response, which postprocessing
-    turns into the error (contract.GateState.error says why)."""
-
-    def __init__(self, sender: Any, stream: bool, route: str, reason: str, key: int) -> None:
-        self.sender, self.stream = sender, stream
+    def __init__(self, sender: Any, stream: bool, route: Route, reason: str, decoder: Decoder, outbox: Outbox) -> None:
+        self.sender, self.stream, self.decoder, self.outbox = sender, stream, decoder, outbox
         self.route, self.reason = route, reason
-        self.key = key
         self.ids: list[int] = []
-        self.prev = 0
         self.stats = SpecStats()
-        self.last_sent = time.monotonic()
-        self.sent = False  # any response went to postprocessing
+        self.texted = 0  # of `ids`, those whose text went out (the Outbox's, then the final's)
+        self.responses = 0  # sent, the final one included
+        self._lock = threading.Condition()
+        self._scheduled = False  # waiting in the Outbox or being sent by it
+        self._closed = False
 
     def send(self, tokens: list[int], stats: SpecStats) -> None:
-        self.ids += tokens
-        self.stats = stats
-        if self.stream and len(self.ids) > self.prev:
-            self.sender.send(self._response(False))
-            self.prev = len(self.ids)
-            self.last_sent = time.monotonic()
-            self.sent = True
+        with self._lock:
+            self.ids += tokens
+            self.stats = stats
+            if not self.stream or self._scheduled or self._closed or len(self.ids) == self.texted:
+                return
+            self._scheduled = True
+        self.outbox.schedule(self)
 
-    def heartbeat(self) -> None:
-        """An empty response if nothing went out for HEARTBEAT_S."""
-        now = time.monotonic()
-        if now - self.last_sent >= HEARTBEAT_S:
-            self.sender.send(self._response(False, heartbeat=True))
-            self.last_sent = now
-            self.sent = True
+    def reroute(self, route: Route, reason: str, stats: SpecStats | None = None) -> None:
+        """The request goes on on the other engine: its responses say so from here on."""
+        with self._lock:
+            self.route, self.reason = route, reason
+            if stats is not None:
+                self.stats = stats
+
+    def flush(self) -> None:
+        """Send what is waiting (the Outbox's thread)."""
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                ids, outputs = list(self.ids), self._outputs()
+            text = delta_text(self.decoder, ids, self.texted, final=False)
+            if text:  # else the new tokens end inside a character: they go with the next ones
+                self.sender.send(self._response(text, outputs))
+                self.texted, self.responses = len(ids), self.responses + 1
+        except Exception:  # the client is gone: the request ends at its next check
+            log.warning("a streamed response failed", exc_info=True)
+        finally:
+            with self._lock:
+                self._scheduled = False
+                self._lock.notify_all()
 
     def finish(self) -> None:
-        self.sender.send(self._response(True), flags=FINAL)
+        """The last response: the text not sent yet and the final counts."""
+        with self._lock:
+            self._close()
+            ids, outputs = self.ids, self._outputs()
+        self.sender.send(self._response(delta_text(self.decoder, ids, self.texted, final=True), outputs), flags=FINAL)
+        self.texted, self.responses = len(ids), self.responses + 1
 
     def fail(self, code: str, message: str) -> None:
-        """End the request with an error (`code` one of triton_io.ERROR_CODES): as an error response
-        while nothing went out yet, else as data in the final response (class doc)."""
-        if self.sent:
-            self.sender.send(self._response(True, error=(code, message)), flags=FINAL)
-        else:
-            self.sender.send(coded_error_response(code, message), flags=FINAL)
+        """End the request with an error (`code` one of triton_io.ERROR_CODES), whatever went out before."""
+        with self._lock:
+            self._close()
+        self.sender.send(coded_error_response(code, message), flags=FINAL)
+        self.responses += 1
 
-    def _response(self, final: bool, heartbeat: bool = False, error: tuple[str, str] = ("", "")) -> Any:
+    def _close(self) -> None:
+        """No flush after this one; waits for one queued or under way (holding the lock)."""
+        self._closed = True
+        if not self._lock.wait_for(lambda: not self._scheduled, timeout=CLOSE_WAIT_S):
+            log.warning("the outbox did not get to a request in %.0f s: sending its last response beside it", CLOSE_WAIT_S)
+
+    def _outputs(self) -> list[tuple[str, Any, Any]]:
+        """The gate's outputs now, as (name, value, dtype) (under the lock)."""
         s = self.stats
-        state = GateState(
-            prev_output_length=0 if heartbeat else self.prev, is_final=final, request_key=self.key, error=error,
-            route=self.route, gate_reason=self.reason, num_draft_tokens=s.draft_tokens, num_accepted_tokens=s.accepted_tokens,
-            acceptance_rate=s.acceptance_rate, num_output_tokens=len(self.ids), draft_budget=s.draft_budget,
-        )
+        return [
+            ("route", [self.route.value.encode()], np.object_),
+            ("gate_reason", [self.reason.encode()], np.object_),
+            ("num_draft_tokens", [s.draft_tokens], np.int32),
+            ("num_accepted_tokens", [s.accepted_tokens], np.int32),
+            ("acceptance_rate", [s.acceptance_rate], np.float32),
+            ("num_output_tokens", [len(self.ids)], np.int32),
+            ("draft_budget", [s.draft_budget], np.int32),
+        ]
+
+    @staticmethod
+    def _response(text: str, outputs: list[tuple[str, Any, Any]]) -> Any:
         return pb_utils.InferenceResponse(
-            output_tensors=[
-                tensor("output_ids", [] if heartbeat else self.ids, np.int32),  # no ids and prev 0: a heartbeat
-                tensor(GATE_STATE_TENSOR, [state.model_dump_json().encode()], np.object_),
-            ]
+            output_tensors=[tensor("text_output", [text.encode()], np.object_), *(tensor(*o) for o in outputs)]
         )

@@ -161,14 +161,12 @@ class EngineClient:
         cancel: threading.Event,
         already: int = 0,
         stream: bool | None = None,
-        on_idle: Callable[[], None] | None = None,
         movable: bool = True,
     ) -> SpecStats:
         """Run one engine request for the rest of `llm`'s max_tokens (`already` emitted), passing
-        each response's new tokens on; returns the final stats. `on_idle` runs while the engine is
-        silent (bls.responses). `movable` False: a request on spec_engine that the baseline cannot
-        take (its engine failed), not counted in `speculating`, so that it triggers no hand-over.
-        Raises as the module doc says."""
+        each response's new tokens on; returns the final stats. `movable` False: a request on
+        spec_engine that the baseline cannot take (its engine failed), not counted in `speculating`,
+        so that it triggers no hand-over. Raises as the module doc says."""
         remaining = llm.max_tokens - already
         stats = SpecStats()
         if remaining <= 0:
@@ -183,7 +181,7 @@ class EngineClient:
         if counted:
             self._count_speculating(+1)
         try:
-            for batch in responses(req, engine, stall_s, cancel, probe, on_idle):
+            for batch in responses(req, engine, stall_s, cancel, probe):
                 tokens: list[int] = []
                 for resp in batch:
                     if resp.has_error():

@@ -2,9 +2,9 @@
 
 Triton serves every loaded model to anyone who can reach its ports, and the engines obey control
 messages (pin a calibration, hand everything over, cancel, ping) and serve generations without the
-gate's admission and tenant rules. So each engine request, and each cancel message to spec_gate,
-carries this secret in the `contract.PARAM_ENGINE_KEY` parameter, and the receiving model refuses
-any request without it (docs/robustness.md, "Who may call what").
+gate's admission and tenant rules. So each engine request carries this secret in the
+`contract.PARAM_ENGINE_KEY` parameter, and an engine refuses any request without it
+(docs/robustness.md, "Who may call what").
 
 `make serve` (specgate_launcher) creates the file once, like the label key, and passes its path to
 the models in ENGINE_KEY_ENV. Importable without Triton.
@@ -38,7 +38,7 @@ class EngineKey:
         return cls(read_secret(Path(path)))
 
     def stamp(self, params: dict[str, Any]) -> dict[str, Any]:
-        """`params` with the secret added (what the gate and postprocessing send)."""
+        """`params` with the secret added (what the gate sends)."""
         return {**params, PARAM_ENGINE_KEY: self._secret.decode()}
 
     def check(self, params: dict[str, Any], model: str) -> None:

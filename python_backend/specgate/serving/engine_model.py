@@ -9,7 +9,6 @@ the engines serve spec_gate, not the network.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -18,6 +17,7 @@ from dataclasses import astuple
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import BaseModel
 
 from specgate.algorithms import ALGORITHMS
 from specgate.contract import (
@@ -38,7 +38,9 @@ from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
 from specgate.serving.parent_watch import watch_parent
 from specgate.stats import SpecStats
-from specgate.serving.triton_io import FINAL, RequestedOutputsSender, error_response, optional_array, optional_scalar, request_parameters, tensor
+from specgate.serving.triton_io import (
+    FINAL, RequestedOutputsSender, error_response, model_parameters, optional_array, optional_scalar, request_parameters, tensor,
+)
 from specgate.errors import InvalidInput
 from specgate.text.stop_words import parse_stop_words_list
 
@@ -94,7 +96,7 @@ class ResponseStream:
     The engine's decode loop only records events here; `ResponseSender`'s thread sends them, so a
     decode step never waits for the IPC of a send. A streamed response goes out when the engine's
     `pacer` says it is due (the first and the last at once); tokens made in between go out together.
-    Each response costs CPU in four processes (this stub, Triton, the gate, postprocessing) on the
+    Each response costs CPU in three processes (this stub, Triton, the gate) on the
     cores the engine may decode on, and the pacer keeps that within a budget of the decode time
     (cost_model/stream_pacer.py). Without a pacer every event is due.
     `on_final` runs on the sender's thread after the last response.
@@ -225,14 +227,19 @@ class ResponseSender:
             stream.flush()
 
 
+class EngineParameters(BaseModel):
+    """An engine's config.pbtxt parameters."""
+
+    engine_config: str  # the EngineConfig JSON build_engines wrote
+
+
 class EngineModel:
     """Base adapter; subclasses choose the runner that owns the target."""
 
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO)
         watch_parent()
-        params = json.loads(args["model_config"])["parameters"]
-        self.cfg = EngineConfig.load(params["engine_config"]["string_value"])
+        self.cfg = EngineConfig.load(model_parameters(args, EngineParameters).engine_config)
         self.name = args["model_name"]
         self.key = EngineKey.from_env()
         self.outbox = ResponseSender()

@@ -1,6 +1,5 @@
-"""Running requests by key, for cancel messages (contract.PARAM_CANCEL): an engine's, by the key the
-gate gave each engine request (contract.PARAM_REQUEST_KEY), and the gate's own, by the key its
-responses carry to postprocessing (contract.GateState.request_key)."""
+"""An engine's running requests by the key the gate gave each (contract.PARAM_REQUEST_KEY), for its
+cancel messages (contract.PARAM_CANCEL)."""
 
 from __future__ import annotations
 

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from pydantic import BaseModel
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+Parameters = TypeVar("Parameters", bound=BaseModel)
+
+
+def model_parameters(args: dict[str, str], schema: type[Parameters]) -> Parameters:
+    """The `parameters` of the model's config.pbtxt (what `initialize` gets in args["model_config"]),
+    validated into `schema`: a repository rendered without one fails at load, naming it."""
+    raw = json.loads(args["model_config"]).get("parameters", {})
+    return schema.model_validate({k: v["string_value"] for k, v in raw.items()})
 
 
 def optional_array(request: Any, name: str) -> np.ndarray | None:
@@ -30,8 +40,8 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-# The error codes the gate hands postprocessing by name (contract.GateState.error): pb_utils'
-# TritonError names, lower-cased (read when used: the stub defines TritonError after this import).
+# Error codes by name: pb_utils' TritonError names, lower-cased (read when used: the stub defines
+# TritonError after this import).
 ERROR_CODES = ("invalid_arg", "internal", "unavailable", "cancelled")
 
 

@@ -1,1 +1,1 @@
-"""Text side of serving: tokenizer + chat template (preprocessing), incremental detokenizer (postprocessing)."""
+"""Text side of serving: tokenizer + chat template (preprocessing), incremental detokenizer (spec_gate)."""

@@ -1,14 +1,13 @@
-"""Incremental detokenization, stateless per response.
+"""Incremental detokenization: the new text of a response, from the ids so far and how many are text already.
 
 Byte-level BPE can split one character (emoji, CJK) across tokens, so a token's text is not known
-until the following tokens arrive. Rather than keep per-request state in the postprocessing model,
-each response carries all output ids so far plus how many of them earlier responses had already
-turned into text; the new text is the difference of the two *stable* decodes (a trailing U+FFFD
-from an incomplete character is held back until it completes).
+until the following tokens arrive. spec_gate keeps each request's output ids and how many of them
+earlier responses already turned into text; the new text is the difference of the two *stable*
+decodes (a trailing U+FFFD from an incomplete character is held back until it completes).
 
 Both decodes start a few tokens before the text already sent, not at the first token, so that a
 response costs the same at token 2000 as at token 20 (decoding everything each time made a long
-reply's postprocessing quadratic). The window starts on a character boundary and at least one token
+reply's detokenization quadratic). The window starts on a character boundary and at least one token
 before the new ones: decoders that drop a leading space from the first token they decode
 (SentencePiece's) then drop it from both decodes alike.
 """

@@ -1,9 +1,0 @@
-"""Triton model `postprocessing`: a thin adapter; the logic lives in specgate.serving.text_models."""
-
-import os
-import sys
-
-# The Python backend's embedded interpreter ignores PYTHONPATH; the launcher passes the venv here.
-sys.path[:0] = [p for p in os.environ.get("SPECGATE_PYTHONPATH", "").split(os.pathsep) if p]
-
-from specgate.serving.text_models import PostprocessingModel as TritonPythonModel  # noqa: E402,F401
