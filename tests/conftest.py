@@ -102,7 +102,7 @@ def server(checkpoint: Path):
         wait_calibrated(TEST_OUT / "model_repository")  # until then the gate routes to the baseline (`calibrating`)
         yield ports
     # Every request the suite sent must have ended inside Triton too: a request that the ensemble
-    # never completes (a step's error while other steps of it ran: contract.GateState.error) is
+    # never completes (a step's error while other steps of it ran: serving/watch.py) is
     # seen only here, in what tritonserver logs while it stops.
     stuck = re.findall(r"Model '(\w+)' \(version \d+\) has (\d+) in-flight inferences", log.read_text(errors="replace"))
     assert not stuck, f"tritonserver stopped with requests still in flight (model, count): {stuck[-1]}"

@@ -79,8 +79,8 @@ class AdmissionQueue:
 
     def wait(self, ticket: Ticket, tick: Callable[[], None] = lambda: None) -> None:
         """Until `ticket` is admitted. `tick` runs every TICK_S of the wait: a request queued here
-        still has a client to look after (the gate's heartbeats, by which it learns that the client
-        left); an exception from it ends the wait, and the caller's `leave` frees the place."""
+        still has a client that may leave (the gate checks its cancel flag); an exception from it
+        ends the wait, and the caller's `leave` frees the place."""
         while not ticket.admitted:
             left_s = ticket.deadline - time.monotonic()
             if left_s <= 0 or ticket.turn.wait(min(TICK_S, left_s)):
