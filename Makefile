@@ -21,7 +21,7 @@ setup: $(STAMP)  ## create .venv and install everything (idempotent)
 	@PATH="$$PATH:/usr/sbin" command -v haproxy >/dev/null && command -v prometheus >/dev/null || \
 	  echo "[setup] make serve REPLICAS=N and its tests need HAProxy and Prometheus: apt-get install haproxy prometheus (as root)"
 
-$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py
+$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py $(wildcard build/llamacpp_kernels/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[dev]'

@@ -6,14 +6,14 @@ Three choices are made here rather than by pip's own build:
   worker threads, and with OpenMP a second thread that ever ran a parallel region (a decode, or a
   PyTorch op with more than one thread) puts libgomp into its throttled mode for the whole process,
   where waiting threads sleep instead of spinning: decodes ran 2.9x slower (docs/engines.md, "Threads");
-- the batch-invariance switch patched into llama.cpp's CPU kernels (build/llamacpp_patch.py), which
-  the engines' exact mode turns on.
+- the patch to llama.cpp's CPU kernels (build/llamacpp_patch.py): the batch-invariance switch the
+  engines' exact mode turns on, and the kernels that keep it fast.
 
-Why by hand: pip builds llama.cpp with `-march=native`, which also turns on AMX where the CPU has
-it, and ggml's AMX path segfaults on some Sapphire Rapids machines (ggml-org/llama.cpp#20824, seen
-here on the first decode). So the instruction sets are chosen from /proc/cpuinfo instead, AMX off,
-and the wheel is kept in a cache keyed by that choice: a wheel built on one CPU is never installed
-on a CPU that lacks its instructions (pip's own wheel cache is keyed by the source only).
+Why by hand: the instruction sets are chosen from /proc/cpuinfo (AMX included where the CPU has it:
+the patch fixes the tile-configuration bug that made ggml's AMX kernels raise SIGILL on their first
+tile load when built with GCC 12, ggml-org/llama.cpp#20824), and the wheel is kept in a cache keyed
+by that choice: a wheel built on one CPU is never installed on a CPU that lacks its instructions
+(pip's own wheel cache is keyed by the source only).
 
 `LLAMA_CPP_CMAKE_ARGS` replaces the chosen instruction-set flags (e.g. `-DGGML_NATIVE=OFF` alone
 builds the AVX2-only variant that stands in for an AVX2 machine on a newer one); the thread pool and
@@ -38,7 +38,7 @@ VERSION = "0.3.36"  # pinned: the engine is tested against this llama.cpp (vendo
 ALWAYS = "-DGGML_OPENMP=OFF"  # ggml's thread pool, whatever the instruction sets (see above)
 CACHE = Path(os.environ.get("SPECGATE_WHEEL_CACHE", Path.home() / ".cache" / "specgate" / "wheels"))
 
-# ggml CMake option -> the /proc/cpuinfo flags it needs (x86-64). AMX stays off (see above).
+# ggml CMake option -> the /proc/cpuinfo flags it needs (x86-64)
 _OPTIONS: dict[str, tuple[str, ...]] = {
     "GGML_AVX": ("avx",),
     "GGML_AVX2": ("avx2",),
@@ -50,6 +50,10 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "GGML_AVX512_VBMI": ("avx512vbmi",),
     "GGML_AVX512_VNNI": ("avx512_vnni",),
     "GGML_AVX512_BF16": ("avx512_bf16",),
+    # ggml's AMX kernels are built only with AVX512-VNNI beside AMX-INT8 (ggml-cpu/amx/amx.h)
+    "GGML_AMX_TILE": ("amx_tile",),
+    "GGML_AMX_INT8": ("amx_int8", "avx512_vnni"),
+    "GGML_AMX_BF16": ("amx_bf16",),
 }
 
 
@@ -70,7 +74,7 @@ def cmake_args(flags: set[str]) -> str:
     if not flags:  # not x86 Linux: let llama.cpp tune for the build machine itself
         return "-DGGML_NATIVE=ON"
     opts = [f"-D{opt}={'ON' if all(f in flags for f in need) else 'OFF'}" for opt, need in _OPTIONS.items()]
-    return " ".join(["-DGGML_NATIVE=OFF", *opts, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
+    return " ".join(["-DGGML_NATIVE=OFF", *opts])
 
 
 def build_wheel(python: str, args: str, wheel_dir: Path) -> None:
