@@ -156,6 +156,8 @@ def test_a_server_that_keeps_dying_before_it_is_ready_backs_off_then_is_given_up
     from specgate_deploy import replica as replica_module
 
     monkeypatch.setattr(replica_module, "MAX_FAILURES", 3, raising=False)
+    # a run alive at a poll is looked at over HTTP with the admin key: none here (no server ever ran)
+    monkeypatch.setattr(replica_module.launcher, "admin_headers", lambda *args, **kwargs: {})
     r, started = _replica(tmp_path, 'echo "run $$"; exit 1')
     r.backoff_s = 0.2
     r.start()
