@@ -80,7 +80,11 @@ class _Verified:
 
 
 class LlamaCppTarget(Target):
-    def __init__(self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0, exact: bool = False) -> None:
+    def __init__(
+        self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0, exact: bool = False, repack: bool = True
+    ) -> None:
+        """`repack` False: weights in the file's layout whatever the probe would find (benchmarks
+        measure the earlier exact mode that way)."""
         L = self._L = _llama_cpp()
         quiet_logs(L)
         self.gguf = Path(gguf)
@@ -89,8 +93,8 @@ class LlamaCppTarget(Target):
         self._native.set_batch_invariant(exact)  # fails here, not at the first decode, without the patch
         self.trees = tree_nodes > 0
         self._turn = compute_lock()
-        self._load(max_context, num_slots, threads, tree_nodes, repacked=True)
-        if exact and not self._probe_invariance():
+        self._load(max_context, num_slots, threads, tree_nodes, repacked=repack)
+        if repack and exact and not self._probe_invariance():
             log.warning("%s: repacked weights reduce a row differently at some batch size on this machine; "
                         "exact mode keeps the file's layout (the patch's invariant kernels)", self.gguf.name)
             self._free()

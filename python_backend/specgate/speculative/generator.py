@@ -27,8 +27,9 @@ from specgate.decoding.request import hits_stop
 from specgate.decoding.sampling import SamplingParams, sample_token, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
-from specgate.cost_model.goodput import CostCurve
+from specgate.cost_model.goodput import CostCurve, DraftCost
 from specgate.cost_model.ledger import EngineLedger, RequestLedger
+from specgate.cost_model.live import LiveCurve
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
 from specgate.stats import SpecStats
@@ -80,11 +81,11 @@ class SpeculativeGenerator:
         self.max_len = target.info.max_context
 
     @property
-    def curve(self):  # noqa: ANN201 (LiveCurve | None)
+    def curve(self) -> LiveCurve | None:
         return self.ledger.curve
 
     @property
-    def draft_cost(self):  # noqa: ANN201 (dict[str, DraftCost])
+    def draft_cost(self) -> dict[str, DraftCost]:
         return self.ledger.draft_cost
 
     def set_curve(self, curve: CostCurve | None) -> None:
