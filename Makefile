@@ -39,7 +39,7 @@ serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (
 ifdef REPLICAS
 	$(VPY) -m specgate_deploy --replicas $(REPLICAS)
 else
-	$(VPY) -m specgate_launcher
+	$(VPY) -m specgate_deploy.serve
 endif
 
 test: build-engines  ## unit + sweeps + integration tests (starts its own tritonserver on ports 18000-18002); PYTEST_ARGS= passes more
