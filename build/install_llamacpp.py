@@ -18,6 +18,14 @@ on a CPU that lacks its instructions (pip's own wheel cache is keyed by the sour
 `LLAMA_CPP_CMAKE_ARGS` replaces the chosen instruction-set flags (e.g. `-DGGML_NATIVE=OFF` alone
 builds the AVX2-only variant that stands in for an AVX2 machine on a newer one); the thread pool and
 the patch stay.
+
+`LLAMA_CPP_BUILD=portable` (the images, deploy/Dockerfile) builds for any x86-64 CPU instead: ggml's
+runtime CPU dispatch, one CPU backend library per instruction-set level, the best one for the CPU
+loaded at start (specgate.decoding.llamacpp_native.load_backends). An image built on an AVX-512
+machine then runs on an AVX2 node instead of dying there with SIGILL. The patch edits the sources
+every variant is compiled from, so exact mode works on each. AMX stays off here too: the one variant
+with AMX (sapphirerapids) is left out, so AMX CPUs load zen4's, the same instruction sets without it
+(the AMX variant died of SIGILL at the first decode with repacked weights on a 2-core Xeon VM here).
 """
 
 from __future__ import annotations
@@ -36,6 +44,12 @@ import llamacpp_patch  # noqa: E402 (a sibling file: this script runs before the
 
 VERSION = "0.3.36"  # pinned: the engine is tested against this llama.cpp (vendored in the sdist)
 ALWAYS = "-DGGML_OPENMP=OFF"  # ggml's thread pool, whatever the instruction sets (see above)
+# Every x86-64 level as a library of its own, installed beside libggml.so in the package (ggml installs
+# them to the bin folder; STRING keeps the path relative to the wheel's root); no multimodal library,
+# which the engines never load.
+PORTABLE = "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DCMAKE_INSTALL_BINDIR:STRING=llama_cpp/lib -DLLAVA_BUILD=OFF"
+# The AMX variant's line in ggml's list of variants, removed before a portable build (see above)
+AMX_VARIANT = ("ggml/src/CMakeLists.txt", "            ggml_add_cpu_backend_variant(sapphirerapids SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8)\n")
 CACHE = Path(os.environ.get("SPECGATE_WHEEL_CACHE", Path.home() / ".cache" / "specgate" / "wheels"))
 
 # ggml CMake option -> the /proc/cpuinfo flags it needs (x86-64). AMX stays off (see above).
@@ -64,6 +78,11 @@ def cpu_flags() -> set[str]:
 
 
 def cmake_args(flags: set[str]) -> str:
+    build = os.environ.get("LLAMA_CPP_BUILD", "native")
+    if build == "portable":
+        return PORTABLE
+    if build != "native":
+        raise SystemExit(f"[setup] error: LLAMA_CPP_BUILD={build!r}: native (this CPU, the default) or portable (any x86-64 CPU)")
     override = os.environ.get("LLAMA_CPP_CMAKE_ARGS")
     if override is not None:
         return override
@@ -71,6 +90,28 @@ def cmake_args(flags: set[str]) -> str:
         return "-DGGML_NATIVE=ON"
     opts = [f"-D{opt}={'ON' if all(f in flags for f in need) else 'OFF'}" for opt, need in _OPTIONS.items()]
     return " ".join(["-DGGML_NATIVE=OFF", *opts, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
+
+
+def extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Unpack the sdist with tarfile's "data" filter where this Python has it (3.11.4 on). Debian 12's
+    python3 is 3.11.2, whose extractall takes no filter: there the same refusals by hand, of any member
+    but a plain file or folder and of any path that leaves `dest` (the sdist holds only those two)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    root = dest.resolve()
+    for m in tar.getmembers():
+        if not (m.isfile() or m.isdir()) or not (root / m.name).resolve().is_relative_to(root):
+            raise SystemExit(f"[setup] error: refusing to unpack {m.name!r} from {tar.name}: not a plain file or folder inside the archive")
+    tar.extractall(dest)
+
+
+def drop_amx_variant(llama_cpp: Path) -> None:
+    path = llama_cpp / AMX_VARIANT[0]
+    text = path.read_text()
+    if text.count(AMX_VARIANT[1]) != 1:
+        raise SystemExit(f"[setup] error: {path} no longer lists the AMX variant as build/install_llamacpp.py expects")
+    path.write_text(text.replace(AMX_VARIANT[1], ""))
 
 
 def build_wheel(python: str, args: str, wheel_dir: Path) -> None:
@@ -81,9 +122,11 @@ def build_wheel(python: str, args: str, wheel_dir: Path) -> None:
             raise SystemExit("[setup] error: downloading the llama-cpp-python source failed")
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
+            extract(tar, Path(tmp))
         src = Path(tmp) / sdist.name.removesuffix(".tar.gz")
         llamacpp_patch.apply(src / "vendor" / "llama.cpp")
+        if args.startswith(PORTABLE):
+            drop_amx_variant(src / "vendor" / "llama.cpp")
         cmd = [python, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", str(src), "-w", str(wheel_dir)]
         if subprocess.run(cmd, env={**os.environ, "CMAKE_ARGS": args}).returncode != 0:
             raise SystemExit("[setup] error: building llama-cpp-python failed (it needs cmake and a C++ compiler)")
