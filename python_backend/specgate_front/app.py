@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
+"""The OpenAI-compatible HTTP API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`;
+and `GET /health/ready`, the replica's readiness (Triton ready, the front answering, a calibration).
 
 A thin client of Triton: each request becomes one `llm` call over gRPC streaming (front/triton.py);
 `x-api-key` and `x-speculative-decoding` become gRPC headers, which the gate reads. Every response
@@ -24,7 +25,7 @@ from fastapi.responses import Response
 from specgate_front import errors
 from specgate_front.completion import complete
 from specgate_front.formats import ChatFormat, TextFormat
-from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList
+from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList, Readiness
 from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
 log = logging.getLogger("specgate_front")
@@ -56,6 +57,11 @@ def create_app(grpc_url: str, model: str = LLM_MODEL) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[Model(id=model, created=started)])
+
+    @app.get("/health/ready", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def ready(request: Request) -> Response:
+        reason = await request.app.state.triton.not_ready()
+        return Response(Readiness(ready=reason is None, reason=reason).model_dump_json(), status_code=200 if reason is None else 503, media_type="application/json")
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

@@ -12,6 +12,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import grpc
@@ -26,6 +27,7 @@ log = logging.getLogger("specgate_front")
 
 LLM_MODEL = "llm"
 PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
+GATE_MODEL = "spec_gate"  # its config names spec_engine's published calibration
 
 # How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
 # the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
@@ -101,6 +103,24 @@ class Triton:
                 self._tokenizer = await run_in_threadpool(PromptTokenizer, path, 0)  # the front checks no prompt length
                 log.info("tokenizer from %s", path)
         return self._tokenizer
+
+    async def not_ready(self) -> str | None:
+        """Why this server should take no traffic yet, or None: tritonserver not ready (loading, or
+        draining after SIGTERM), the model not ready, or no calibration published by spec_engine, which
+        measures the machine after it loads and would measure the traffic too (a pinned calibration is
+        published at once). The file is the one the gate reads, on the file system the front shares."""
+        try:
+            if not await self.client.is_server_ready():
+                return f"tritonserver at {self.url} is not ready"
+            if not await self.client.is_model_ready(self.model):
+                return f"model {self.model!r} is not ready"
+            config = await self.client.get_model_config(GATE_MODEL, as_json=True)
+        except InferenceServerException as exc:
+            return f"Triton at {self.url} is unavailable: {exc.message()}"
+        path = config["config"]["parameters"].get("calibration_path", {}).get("string_value")  # none on tensorrtllm engines
+        if path and not Path(path).exists():
+            return f"spec_engine has published no calibration yet ({path})"
+        return None
 
     async def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The model's chat template over `messages`, ending with the assistant's turn, and its length

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -148,3 +149,45 @@ def test_models_lists_llm(client):
     r = client.get("/v1/models")
     assert r.status_code == 200
     assert [m["id"] for m in r.json()["data"]] == ["llm"]
+
+
+# -- readiness -----------------------------------------------------------------------------------
+class _Triton:
+    """Triton's gRPC answers the readiness check reads, made up."""
+
+    def __init__(self, server: bool = True, model: bool = True, calibration: str | None = None) -> None:
+        self.server, self.model, self.calibration = server, model, calibration
+
+    async def is_server_ready(self) -> bool:
+        return self.server
+
+    async def is_model_ready(self, name: str) -> bool:
+        return self.model and name == "llm"
+
+    async def get_model_config(self, name: str, as_json: bool) -> dict:
+        assert name == "spec_gate" and as_json
+        params = {} if self.calibration is None else {"calibration_path": {"string_value": self.calibration}}
+        return {"config": {"name": name, "parameters": params}}
+
+    async def close(self) -> None:
+        pass
+
+
+def test_ready_only_when_triton_the_model_and_a_calibration_are(tmp_path, client):
+    assert client.get("/health/ready").status_code == 503  # no Triton at all
+    assert "unavailable" in client.get("/health/ready").json()["reason"]
+    published = tmp_path / "calibration.json"
+    with TestClient(create_app(f"localhost:{_free_port()}")) as c:
+        cases = [
+            (_Triton(server=False, calibration=str(published)), 503, "tritonserver at .* is not ready"),  # loading, or draining
+            (_Triton(model=False, calibration=str(published)), 503, "model 'llm' is not ready"),
+            (_Triton(calibration=str(published)), 503, "no calibration yet"),  # spec_engine still measures
+        ]
+        for fake, status, reason in cases:
+            c.app.state.triton.client = fake
+            r = c.get("/health/ready")
+            assert r.status_code == status and re.search(reason, r.json()["reason"]), r.json()
+        published.write_text("{}")
+        assert c.get("/health/ready").json() == {"ready": True, "reason": None}
+        c.app.state.triton.client = _Triton(calibration=None)  # tensorrtllm engines publish none
+        assert c.get("/health/ready").status_code == 200
