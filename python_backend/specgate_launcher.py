@@ -223,12 +223,17 @@ def wait_calibrated(repo: Path, timeout_s: float = 300) -> Path | None:
     return published
 
 
+def ensure_secrets() -> None:
+    """The server's three keys, made where missing (the first start), kept afterwards."""
+    for secret in (LABEL_SECRET, ADMIN_SECRET, ENGINE_SECRET):
+        ensure_secret(secret)
+
+
 def start(
     repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None, admin_header: str = ADMIN_HEADER
 ) -> subprocess.Popen:
     backends = backend_dir(ROOT / "artifacts" / "triton_backends")
-    for secret in (LABEL_SECRET, ADMIN_SECRET, ENGINE_SECRET):
-        ensure_secret(secret)
+    ensure_secrets()
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(
         command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,

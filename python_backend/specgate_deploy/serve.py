@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import specgate_launcher as launcher
-from specgate_deploy.replica import DRAIN_S, Replica
+from specgate_deploy.replica import DRAIN_S, EXIT_S, Replica
 
 
 def main() -> None:
@@ -79,7 +79,7 @@ def main() -> None:
             print(f"\n[serve] stopping (requests in flight get up to {args.drain_s} s) ...", flush=True)
     finally:
         replica.begin_drain()
-        replica.finish_drain(time.monotonic() + args.drain_s + 5)
+        replica.finish_drain(time.monotonic() + args.drain_s + EXIT_S)
     sys.exit(code)
 
 

@@ -115,3 +115,23 @@ def test_in_a_container_a_server_that_cannot_serve_is_stopped_for_the_kubelet(tm
         assert started[0].poll() is not None and len(started) == 1 and r.restarts == 0
     finally:
         _end(r, started)
+
+
+def test_a_stop_takes_all_of_worst_stop_s_at_the_longest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server and a front that ignore SIGTERM and SIGINT (a request that outlives the drain, a front
+    that hangs) make finish_drain wait out every one of its waits: worst_stop_s must be their sum, which
+    the pod's grace period is computed from (test_deploy_k8s). The same code, with shortened waits."""
+    from specgate_deploy import replica as replica_mod
+
+    for name in ("EXIT_S", "KILL_S", "FRONT_STOP_S"):
+        monkeypatch.setattr(replica_mod, name, 0.4)
+    r, started = _replica(tmp_path, "trap '' INT TERM; sleep 60")
+    r.drain_s = 1
+    r.start()
+    r.front = subprocess.Popen(["sh", "-c", "trap '' INT TERM; sleep 60"], start_new_session=True)
+    t0 = time.monotonic()
+    r.begin_drain()
+    r.finish_drain(t0 + r.drain_s + replica_mod.EXIT_S)
+    took, worst = time.monotonic() - t0, replica_mod.worst_stop_s(r.drain_s)
+    assert worst - 0.3 < took < worst + 0.5, (took, worst)
+    assert r.server.poll() is not None and r.front.poll() is not None and r.status == "stopped"
