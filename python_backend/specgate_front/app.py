@@ -33,13 +33,14 @@ log = logging.getLogger("specgate_front")
 ERRORS = {400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
 
-def create_app(grpc_url: str, model: str = LLM_MODEL) -> FastAPI:
-    """The front for the `model` ensemble of the Triton server at `grpc_url` (host:port)."""
+def create_app(grpc_url: str, model: str = LLM_MODEL, http_url: str | None = None) -> FastAPI:
+    """The front for the `model` ensemble of the Triton server at `grpc_url` (host:port); `http_url`,
+    the same server's HTTP endpoint, is what /health/ready asks first."""
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.triton = triton = Triton(grpc_url, model)  # in the server's event loop, as its asyncio channel must be
+        app.state.triton = triton = Triton(grpc_url, model, http_url)  # in the server's event loop, as its asyncio channel must be
         try:
             await triton.tokenizer()  # load it now, not on the first request, if Triton is up
         except BackendError as exc:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from fastapi.testclient import TestClient
@@ -173,13 +175,36 @@ class _Triton:
         pass
 
 
-def test_ready_only_when_triton_the_model_and_a_calibration_are(tmp_path, client):
+@pytest.fixture
+def triton_http():
+    """Triton's HTTP /v2/health/ready, made up: `state["status"]` is what it answers; None closes it."""
+    state: dict = {"status": 200}
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if state["status"] is None:
+                self.connection.close()  # a draining tritonserver's closed port
+                return
+            self.send_response(state["status"] if self.path == "/v2/health/ready" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:  # noqa: ANN002
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_port}", state
+    server.shutdown()
+
+
+def test_ready_only_when_triton_the_model_and_a_calibration_are(tmp_path, client, triton_http):
     assert client.get("/health/ready").status_code == 503  # no Triton at all
     assert "unavailable" in client.get("/health/ready").json()["reason"]
+    http_url, http = triton_http
     published = tmp_path / "calibration.json"
-    with TestClient(create_app(f"localhost:{_free_port()}")) as c:
+    with TestClient(create_app(f"localhost:{_free_port()}", http_url=http_url)) as c:
         cases = [
-            (_Triton(server=False, calibration=str(published)), 503, "tritonserver at .* is not ready"),  # loading, or draining
+            (_Triton(server=False, calibration=str(published)), 503, "tritonserver at localhost:.* is not ready"),  # loading
             (_Triton(model=False, calibration=str(published)), 503, "model 'llm' is not ready"),
             (_Triton(calibration=str(published)), 503, "no calibration yet"),  # spec_engine still measures
         ]
@@ -189,5 +214,11 @@ def test_ready_only_when_triton_the_model_and_a_calibration_are(tmp_path, client
             assert r.status_code == status and re.search(reason, r.json()["reason"]), r.json()
         published.write_text("{}")
         assert c.get("/health/ready").json() == {"ready": True, "reason": None}
+        # draining: Triton's HTTP port closes at SIGTERM while its gRPC ServerReady still says true
+        for closed in (503, None):
+            http["status"] = closed
+            r = c.get("/health/ready")
+            assert r.status_code == 503 and r.json()["reason"] == f"tritonserver at {http_url} is not ready"
+        http["status"] = 200
         c.app.state.triton.client = _Triton(calibration=None)  # tensorrtllm engines publish none
         assert c.get("/health/ready").status_code == 200
