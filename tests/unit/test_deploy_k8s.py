@@ -153,13 +153,14 @@ def test_the_hpa_owns_the_replica_count(rendered: dict[str, list[dict]]) -> None
 def test_the_pod_writes_only_to_its_empty_dirs(rendered: dict[str, list[dict]]) -> None:
     """Read-only root filesystem, no service account token; the writable folders are the image's own
     (deploy/Dockerfile makes them for the server's user), which `make image-test` runs read-only too."""
+    from build.image import writable_dirs
+
     pod = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert pod["automountServiceAccountToken"] is False and c["securityContext"]["readOnlyRootFilesystem"] is True
     empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
     writable = {m["mountPath"] for m in c["volumeMounts"] if m["name"] in empty} - {"/dev/shm"}
-    made = [d for d in re.search(r"RUN mkdir -p ([^&]+)&&", (ROOT / "deploy" / "Dockerfile").read_text()).group(1).split() if d != "\\"]
-    assert writable == {"/tmp", *(f"/app/{d}" for d in made)}
+    assert writable == {"/tmp", *writable_dirs()} and len(writable) == 5
 
 
 def test_replicas_spread_over_nodes(rendered: dict[str, list[dict]]) -> None:
