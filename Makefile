@@ -17,13 +17,13 @@ SCENARIO ?= all
 USERS ?= 4
 DURATION ?= 60s
 
-.PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
+.PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 	@PATH="$$PATH:/usr/sbin" command -v haproxy >/dev/null && command -v prometheus >/dev/null || \
 	  echo "[setup] make serve REPLICAS=N and its tests need HAProxy and Prometheus: apt-get install haproxy prometheus (as root)"
 
-$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py
+$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py $(wildcard build/llamacpp_kernels/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.$(if $(EXTRAS),[$(EXTRAS)])'
@@ -59,6 +59,9 @@ bench-baseline: build-engines  ## engine in-process vs through Triton vs transfo
 bench-engine: build-engines  ## speculative algorithms: acceptance, accepted/step, TPOT, speedup, memory
 	$(VPY) -m bench.engine
 
+bench-curve: build-engines  ## the verification cost curve: exact mode's kernels against the earlier exact mode's and upstream's, alternated in one process
+	$(VPY) -m bench.curve
+
 bench-gate: build-engines  ## gate decision latency and end-to-end overhead
 	$(VPY) -m bench.gate
 
@@ -71,7 +74,7 @@ bench-front: build-engines  ## TPOT through the OpenAI-compatible front vs llm o
 bench-report: build-engines  ## concurrency sweep through a real server + one Markdown/PNG report of all results
 	$(VPY) -m bench.report
 
-bench: bench-baseline bench-engine bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
+bench: bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
 
 loadtest: setup  ## Locust against a running server (make serve): SCENARIO=all|baseline|speculative|gated|mixed-temperature USERS= DURATION=
 	$(VPY) -m loadtest.run --scenario $(SCENARIO) --users $(USERS) --duration $(DURATION)

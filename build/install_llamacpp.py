@@ -6,14 +6,14 @@ Three choices are made here rather than by pip's own build:
   worker threads, and with OpenMP a second thread that ever ran a parallel region (a decode, or a
   PyTorch op with more than one thread) puts libgomp into its throttled mode for the whole process,
   where waiting threads sleep instead of spinning: decodes ran 2.9x slower (docs/engines.md, "Threads");
-- the batch-invariance switch patched into llama.cpp's CPU kernels (build/llamacpp_patch.py), which
-  the engines' exact mode turns on.
+- the patch to llama.cpp's CPU kernels (build/llamacpp_patch.py): the batch-invariance switch the
+  engines' exact mode turns on, and the kernels that keep it fast.
 
-Why by hand: pip builds llama.cpp with `-march=native`, which also turns on AMX where the CPU has
-it, and ggml's AMX path segfaults on some Sapphire Rapids machines (ggml-org/llama.cpp#20824, seen
-here on the first decode). So the instruction sets are chosen from /proc/cpuinfo instead, AMX off,
-and the wheel is kept in a cache keyed by that choice: a wheel built on one CPU is never installed
-on a CPU that lacks its instructions (pip's own wheel cache is keyed by the source only).
+Why by hand: the instruction sets are chosen from /proc/cpuinfo (AMX included where the CPU has it:
+the patch fixes the tile-configuration bug that made ggml's AMX kernels raise SIGILL on their first
+tile load when built with GCC 12, ggml-org/llama.cpp#20824), and the wheel is kept in a cache keyed
+by that choice: a wheel built on one CPU is never installed on a CPU that lacks its instructions
+(pip's own wheel cache is keyed by the source only).
 
 `LLAMA_CPP_CMAKE_ARGS` replaces the chosen instruction-set flags (e.g. `-DGGML_NATIVE=OFF` alone
 builds the AVX2-only variant that stands in for an AVX2 machine on a newer one); the thread pool and
@@ -23,9 +23,8 @@ the patch stay.
 runtime CPU dispatch, one CPU backend library per instruction-set level, the best one for the CPU
 loaded at start (specgate.decoding.llamacpp_native.load_backends). An image built on an AVX-512
 machine then runs on an AVX2 node instead of dying there with SIGILL. The patch edits the sources
-every variant is compiled from, so exact mode works on each. AMX stays off here too: the one variant
-with AMX (sapphirerapids) is left out, so AMX CPUs load zen4's, the same instruction sets without it
-(the AMX variant died of SIGILL at the first decode with repacked weights on a 2-core Xeon VM here).
+every variant is compiled from, so exact mode and the AMX fix hold on each (the AMX variant,
+sapphirerapids, died of SIGILL at its first tile load before that fix, here as in a native build).
 """
 
 from __future__ import annotations
@@ -48,11 +47,9 @@ ALWAYS = "-DGGML_OPENMP=OFF"  # ggml's thread pool, whatever the instruction set
 # them to the bin folder; STRING keeps the path relative to the wheel's root); no multimodal library,
 # which the engines never load.
 PORTABLE = "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DCMAKE_INSTALL_BINDIR:STRING=llama_cpp/lib -DLLAVA_BUILD=OFF"
-# The AMX variant's line in ggml's list of variants, removed before a portable build (see above)
-AMX_VARIANT = ("ggml/src/CMakeLists.txt", "            ggml_add_cpu_backend_variant(sapphirerapids SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8)\n")
 CACHE = Path(os.environ.get("SPECGATE_WHEEL_CACHE", Path.home() / ".cache" / "specgate" / "wheels"))
 
-# ggml CMake option -> the /proc/cpuinfo flags it needs (x86-64). AMX stays off (see above).
+# ggml CMake option -> the /proc/cpuinfo flags it needs (x86-64)
 _OPTIONS: dict[str, tuple[str, ...]] = {
     "GGML_AVX": ("avx",),
     "GGML_AVX2": ("avx2",),
@@ -64,6 +61,10 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "GGML_AVX512_VBMI": ("avx512vbmi",),
     "GGML_AVX512_VNNI": ("avx512_vnni",),
     "GGML_AVX512_BF16": ("avx512_bf16",),
+    # ggml's AMX kernels are built only with AVX512-VNNI beside AMX-INT8 (ggml-cpu/amx/amx.h)
+    "GGML_AMX_TILE": ("amx_tile",),
+    "GGML_AMX_INT8": ("amx_int8", "avx512_vnni"),
+    "GGML_AMX_BF16": ("amx_bf16",),
 }
 
 
@@ -89,7 +90,7 @@ def cmake_args(flags: set[str]) -> str:
     if not flags:  # not x86 Linux: let llama.cpp tune for the build machine itself
         return "-DGGML_NATIVE=ON"
     opts = [f"-D{opt}={'ON' if all(f in flags for f in need) else 'OFF'}" for opt, need in _OPTIONS.items()]
-    return " ".join(["-DGGML_NATIVE=OFF", *opts, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
+    return " ".join(["-DGGML_NATIVE=OFF", *opts])
 
 
 def extract(tar: tarfile.TarFile, dest: Path) -> None:
@@ -106,14 +107,6 @@ def extract(tar: tarfile.TarFile, dest: Path) -> None:
     tar.extractall(dest)
 
 
-def drop_amx_variant(llama_cpp: Path) -> None:
-    path = llama_cpp / AMX_VARIANT[0]
-    text = path.read_text()
-    if text.count(AMX_VARIANT[1]) != 1:
-        raise SystemExit(f"[setup] error: {path} no longer lists the AMX variant as build/install_llamacpp.py expects")
-    path.write_text(text.replace(AMX_VARIANT[1], ""))
-
-
 def build_wheel(python: str, args: str, wheel_dir: Path) -> None:
     """Download the sdist, patch its llama.cpp, and build a wheel from it into `wheel_dir`."""
     with tempfile.TemporaryDirectory(prefix="llama-cpp-python-") as tmp:
@@ -125,8 +118,6 @@ def build_wheel(python: str, args: str, wheel_dir: Path) -> None:
             extract(tar, Path(tmp))
         src = Path(tmp) / sdist.name.removesuffix(".tar.gz")
         llamacpp_patch.apply(src / "vendor" / "llama.cpp")
-        if args.startswith(PORTABLE):
-            drop_amx_variant(src / "vendor" / "llama.cpp")
         cmd = [python, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", str(src), "-w", str(wheel_dir)]
         if subprocess.run(cmd, env={**os.environ, "CMAKE_ARGS": args}).returncode != 0:
             raise SystemExit("[setup] error: building llama-cpp-python failed (it needs cmake and a C++ compiler)")

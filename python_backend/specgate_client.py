@@ -102,6 +102,9 @@ def grpc_inputs(prompt: str | bytes, p: GenerateParams, stream: bool) -> list[An
         if value is None or value == []:
             continue
         items = value if t.dims == (-1,) else [value]
+        if np.issubdtype(t.np_dtype, np.integer) and not all(np.iinfo(t.np_dtype).min <= v <= np.iinfo(t.np_dtype).max for v in items):
+            # numpy 1.x would wrap it (max_tokens 2**32 + 1 became 1), numpy 2 raise OverflowError
+            raise ValueError(f"{t.name}: {value} does not fit its type ({t.dtype.removeprefix('TYPE_')})")
         arr = np.array([v.encode() if isinstance(v, str) else v for v in items], dtype=t.np_dtype)
         inp = grpcclient.InferInput(t.name, list(arr.shape), t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES"))
         inp.set_data_from_numpy(arr)

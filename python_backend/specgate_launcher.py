@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ SECRETS = ROOT / "artifacts" / "secrets"
 LABEL_SECRET = SECRETS / "label.key"  # HMAC key of the gate's tenant metric labels
 ADMIN_SECRET = SECRETS / "admin.key"  # the value the admin header must carry
 ENGINE_SECRET = SECRETS / "engine.key"  # what every request to an engine model must carry
+COMPUTE_LOCK = ROOT / "artifacts" / "run" / "compute.lock"  # its directory is made 0700
 # Not x-...: HEADER_PATTERN would forward it into the models' request parameters.
 ADMIN_HEADER = "specgate-admin-key"
 # Loading and unloading models (which runs the repository's code), shared-memory regions, and the
@@ -111,8 +111,9 @@ def server_env() -> dict[str, str]:
     # No OMP_WAIT_POLICY=PASSIVE: llama.cpp synchronises its threads with OpenMP barriers many times
     # per decode, and passive (sleeping) waits made a decode step 2.7x slower (10.4 -> 28 ms).
     env.setdefault("OMP_NUM_THREADS", "1")
-    # Engines of this machine take turns per decode (decoding/compute_lock.py).
-    env.setdefault(ENV_COMPUTE_LOCK, str(Path(tempfile.gettempdir()) / "specgate-compute.lock"))
+    # Engines of this checkout take turns per decode (decoding/compute_lock.py), on a file only this
+    # user can reach (a fixed one in /tmp let another local user stall them: issue 49).
+    env.setdefault(ENV_COMPUTE_LOCK, str(COMPUTE_LOCK))
     env[LABEL_KEY_ENV] = str(LABEL_SECRET)
     env[ENGINE_KEY_ENV] = str(ENGINE_SECRET)
     return env
@@ -144,7 +145,7 @@ def engine_key() -> str:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
+def die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
     """A preexec_fn: the child gets `sig` when the thread that started it dies, however it dies (a
     launcher killed with SIGKILL cannot stop its children itself). SIGTERM lets tritonserver unload
     its models, so the stubs end and free their shared memory. Call it on a thread that lives as
@@ -237,7 +238,7 @@ def start(
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(
         command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,
-        start_new_session=True, preexec_fn=_die_with(os.getpid()),
+        start_new_session=True, preexec_fn=die_with(os.getpid()),
     )
 
 
@@ -272,7 +273,7 @@ def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
     cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}", "--http-url", f"localhost:{ports.http}"]
     out = open(log_file, "w") if log_file else None
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=die_with(os.getpid()))
 
 
 def wait_front_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 120) -> None:

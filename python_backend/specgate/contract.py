@@ -122,6 +122,9 @@ SAMPLING_EPS = 1e-5
 PARAM_ALGORITHM = "speculative_algorithm"
 # Its values, their k limits and defaults: specgate.algorithms.
 PARAM_NUM_SPEC_TOKENS = "num_speculative_tokens"
+# How many of input_ids' last tokens are output the client already has (CPU engines): the gate
+# continues a request on the other engine from prompt + output, and a stop word may span the two.
+PARAM_CONTINUED = "specgate_continued"
 # A request carrying this parameter is a control message, not a generation: spec_engine ends every
 # request submitted before it at the next step, with `handed_over` set, and answers at once.
 PARAM_HAND_OVER = "specgate_hand_over"
@@ -158,6 +161,13 @@ ENGINE_STREAM_INTERVAL_METRIC = "specgate_engine_stream_interval_seconds"
 ENGINE_RESPONSE_COST_METRIC = "specgate_engine_response_cost_seconds"
 
 
+# Stop strings are matched at every new token of every sequence, on the batch's one decode thread:
+# about 100k short ones added ~5 ms to every batched sequence's step (issue 49). OpenAI allows 4.
+MAX_STOP_WORDS = 16
+MAX_STOP_BYTES = 256  # one stop string, UTF-8
+MAX_STOP_TOKENS = MAX_STOP_BYTES  # one stop sequence as token ids: a token holds at least a byte
+
+
 @dataclass(frozen=True)
 class ApiTensor(Tensor):
     """An input or output of the `llm` entry point: the model that reads it in the ensemble (for an
@@ -179,7 +189,7 @@ LLM_INPUTS: tuple[ApiTensor, ...] = (
     ApiTensor("top_k", "TYPE_INT32", (1,), True, meaning="0 = off"),
     ApiTensor("seed", "TYPE_INT64", (1,), True, meaning="sampling seed; none = random"),
     ApiTensor("stream", "TYPE_BOOL", (1,), True, meaning="a response per new text (true) or one at the end"),
-    ApiTensor("stop", "TYPE_STRING", (-1,), True, "preprocessing", "stop strings; the matched one is included in the output"),
+    ApiTensor("stop", "TYPE_STRING", (-1,), True, "preprocessing", "stop strings, at most 16 of at most 256 bytes each; the matched one is included in the output"),
     ApiTensor("apply_chat_template", "TYPE_BOOL", (1,), True, "preprocessing", "default true; false sends the prompt as raw text"),
     ApiTensor("use_speculative_decoding", "TYPE_BOOL", (1,), True, meaning="true = prod, false = off (a request override: allow_override)"),
     ApiTensor("speculative_algorithm", "TYPE_STRING", (1,), True, meaning="eagle, eagle2, hybrid, draft_model or ngram; default: the policy's (auto)"),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
+
+import specgate_launcher as launcher
 
 from specgate_deploy.config import haproxy_config, prometheus_config, rule_groups
 from specgate_deploy.state import PublicPorts, ReplicaRecord
@@ -11,8 +14,11 @@ from specgate_deploy.tools import require
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen:
+    """In a session of its own (a Ctrl-C meant for the supervisor does not reach it), and ended with
+    the supervisor however that ends: a SIGKILLed supervisor left HAProxy and Prometheus holding the
+    public ports, and the next `make serve REPLICAS=N` could not start its own (issue 49)."""
     out = open(log, "w")
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=launcher.die_with(os.getpid()))
 
 
 def check_haproxy(cfg: Path) -> None:

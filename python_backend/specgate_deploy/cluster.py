@@ -4,8 +4,9 @@ Each replica is a tritonserver and its front on ports of its own (replica.replic
 the public ports (HTTP 8000, gRPC 8001, front 9000) and Prometheus 9090. The supervisor restarts a
 replica's tritonserver that died or can no longer serve (replica.py; HAProxy's health check keeps it
 out until it is ready again), and HAProxy or Prometheus if either dies; a replica whose first server
-never became ready ends it all, with that server's log. Ctrl-C or SIGTERM drains every replica, then
-stops the rest.
+never became ready ends it all, with that server's log. Ctrl-C, SIGTERM or SIGHUP drains every
+replica, then stops the rest; HAProxy, Prometheus and every replica's processes also end when the
+supervisor is killed.
 Where each replica listens and which pids it runs: the replicas file (state.py, docs/deploy.md).
 """
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     replicas = [Replica(f"replica-{i}", replica_ports(args.replica_base_port, i), args.model_repository, args.run_dir, args.drain_s, args.admin_header)
                 for i in range(args.replicas)]
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a closed terminal, which used to kill it outright
         signal.signal(sig, lambda *_: stop.set())
     code = 0
     cluster = Cluster(replicas, public, args.run_dir, args.state_file, args.bind, args.scrape_interval)
@@ -131,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(r.log_tail(), flush=True)
                     print(f"[replicas] {r.name}: tritonserver exited with code {r.server.returncode} before it was ever ready "
                           f"(log above: {r.server_log}); stopping", flush=True)
+                code = 1
+                break
+            if all(r.status == "failed" for r in replicas):  # each kept dying before it was ready: nothing serves
+                print(f"[replicas] every replica was given up; stopping (logs: {args.run_dir})", flush=True)
                 code = 1
                 break
         else:

@@ -12,6 +12,7 @@ import jinja2
 import yaml
 
 from specgate_deploy.state import PublicPorts, ReplicaRecord
+from specgate_front.body_limit import MAX_BODY_BYTES  # the front's own bound: one limit for both
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "deploy" / "local"
@@ -21,7 +22,7 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=j
 
 
 def haproxy_config(replicas: list[ReplicaRecord], public: PublicPorts, bind: str = "*") -> str:
-    return _env.get_template("haproxy.cfg.j2").render(replicas=replicas, public=public, bind=bind)
+    return _env.get_template("haproxy.cfg.j2").render(replicas=replicas, public=public, bind=bind, max_body_bytes=MAX_BODY_BYTES)
 
 
 def prometheus_config(replicas: list[ReplicaRecord], public: PublicPorts, rules_file: Path, scrape_interval: str = "5s") -> str:

@@ -8,6 +8,11 @@ model LOADING for ever (docs/robustness.md, "Limits"). In both cases `/v2/health
 answers 200, so neither a load balancer nor a kubelet sees anything wrong. The supervisor does
 (`Replica.poll`): it reloads spec_engine, which the server can do without meanwhile, and restarts
 the server for anything else.
+
+A stub that is alive but hung (stopped, deadlocked) keeps the model READY and its process count
+whole, and fails every request that reaches it (a gate request after two unanswered pings). The
+supervisor pings each CPU engine as the gate does (contract.PARAM_PING, with the engine key): one that
+answers no ping is hung, and its stubs are killed, which makes it a dead stub like any other.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -31,12 +38,15 @@ LOAD_TIMEOUT_S = 300.0
 # Models the server serves without: the gate puts every request on the baseline while spec_engine is
 # away (docs/robustness.md), so a dead spec_engine stub is reloaded, not the whole server restarted.
 RELOADABLE = frozenset({"spec_engine"})
+ENGINES = ("target_engine", "spec_engine")  # the models that answer a ping (as Python-backend stubs)
+PING_TIMEOUT_S = 10.0  # a live engine answers at once, also while it decodes (the gate waits as long)
 
 
 class Fault(BaseModel):
     model: str
     reason: str  # what the supervisor prints
     wedged: bool = False  # LOADING too long: only a restart ends it
+    hung: bool = False  # its stubs live but answer no ping: killed, they are dead stubs
 
 
 class ModelState(BaseModel):
@@ -88,23 +98,56 @@ def python_instances(repo: Path) -> dict[str, int]:
     return out
 
 
-def live_stubs(server_pid: int) -> Counter[str]:
-    """Model -> live stub processes of this server: its descendants (the TensorRT-LLM pod starts
-    tritonserver under mpirun), so other servers' stubs on the machine do not count. A stub's first
-    argument is `<repository>/<model>/<version>/model.py`."""
-    counts: Counter[str] = Counter()
+def _stubs(server_pid: int) -> Iterator[tuple[str, int]]:
+    """(model, pid) of each live stub process of this server: its descendants (the TensorRT-LLM pod
+    starts tritonserver under mpirun), so other servers' stubs on the machine do not count. A stub's
+    first argument is `<repository>/<model>/<version>/model.py`."""
     try:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        return counts
+        return
     for child in children:
         try:
             argv = child.cmdline()
             if child.status() != psutil.STATUS_ZOMBIE and argv and argv[0].endswith(STUB) and len(argv) > 1:
-                counts[Path(argv[1]).parent.parent.name] += 1
+                yield Path(argv[1]).parent.parent.name, child.pid
         except psutil.Error:  # it ended while we looked
             continue
-    return counts
+
+
+def live_stubs(server_pid: int) -> Counter[str]:
+    """Model -> live stub processes of this server."""
+    return Counter(model for model, _ in _stubs(server_pid))
+
+
+def kill_stubs(server_pid: int, model: str) -> None:
+    """SIGKILL `model`'s stubs of this server (a hung one ignores anything gentler)."""
+    for name, pid in list(_stubs(server_pid)):
+        if name == model:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def unanswered_pings(grpc_port: int, engines: list[str], engine_key: str, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
+    """The engines among `engines` that answered no ping within `timeout_s`, pinged at once."""
+    from specgate.contract import PARAM_PING, engine_inputs
+    from specgate_client import ServerError, ServerUnreachable, stream_engine
+
+    def answers(model: str) -> bool:
+        try:
+            for _ in stream_engine(f"127.0.0.1:{grpc_port}", model, engine_inputs([0], 1, 0, streaming=False), {PARAM_PING: True},
+                                   ["output_ids"], timeout_s, engine_key=engine_key):
+                pass
+            return True
+        except ServerUnreachable:  # the server itself: its process check's and the probes' to judge
+            return True
+        except ServerError:  # an error (a dead stub), or no answer in time (a hung one)
+            return False
+
+    with ThreadPoolExecutor(max(1, len(engines))) as pool:
+        return [model for model, ok in zip(engines, pool.map(answers, engines)) if not ok]
 
 
 class HealthCheck:

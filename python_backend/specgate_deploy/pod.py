@@ -30,13 +30,15 @@ from pathlib import Path
 
 import specgate_launcher as launcher
 from specgate.secret_file import read_secret
+from specgate_deploy import health
 from specgate_deploy import replica as replica_mod
 from specgate_deploy.replica import DRAIN_S, EXIT_S, Replica
 
 SECRETS_MOUNT = Path("/etc/specgate/secrets")
-# The supervision step in flight when SIGTERM comes, at its longest: a look at the models, or a server
-# that cannot serve being stopped for the kubelet (no restarts in a container).
-STEP_S = max(replica_mod.LOOK_TIMEOUT_S, replica_mod.KILL_S)
+# The supervision step in flight when SIGTERM comes, at its longest before a full drain: a look at the
+# models (the repository index, then the engines pinged at once). A look that stops a server that
+# cannot serve (no restarts in a container) leaves nothing to drain after it.
+STEP_S = replica_mod.LOOK_TIMEOUT_S + health.PING_TIMEOUT_S
 
 
 def worst_stop_s(drain_s: float) -> float:

@@ -2,8 +2,8 @@
 
 Started with specgate_launcher's own functions, so a replica is exactly what `make serve` runs. What is
 added here is the life cycle around them: restart a tritonserver that died or can no longer serve
-(specgate_deploy.health: a dead stub, a model wedged LOADING; a dead spec_engine stub is reloaded
-instead), and drain on shutdown.
+(specgate_deploy.health: a dead stub, a model wedged LOADING, an engine that answers no ping, whose
+stubs are killed first; a dead spec_engine stub is reloaded instead), and drain on shutdown.
 
 Drain, as measured on the bundled Triton 2.51: on SIGTERM tritonserver closes its HTTP port at once
 (readiness probes and HAProxy's health check fail, so no new traffic arrives), lets every request in
@@ -35,7 +35,14 @@ EXIT_S = 5  # after the drain, tritonserver's own exit
 KILL_S = 5  # a server still there (or stopped as unable to serve): SIGINT to its group, SIGKILL after this
 FRONT_STOP_S = 10  # the front's own graceful stop, after tritonserver has gone
 HEALTH_INTERVAL_S = 5.0  # between two looks at a ready server's models; a fault must be seen twice
-LOOK_TIMEOUT_S = 5.0  # one look: the repository index's answer
+LOOK_TIMEOUT_S = 5.0  # one look: the repository index's answer (then the engines' pings, health.PING_TIMEOUT_S)
+# A restarted server that dies again before it is ready (a port still taken, a broken file) would die
+# the same way at once: the next try waits BACKOFF_S, then twice that, ... up to MAX_BACKOFF_S, and
+# after MAX_FAILURES such deaths in a row the replica is given up ("failed"). One that became ready
+# was serving: its death is restarted at once, and resets the count.
+BACKOFF_S = 1.0
+MAX_BACKOFF_S = 60.0
+MAX_FAILURES = 8
 
 
 def worst_stop_s(drain_s: float) -> float:
@@ -74,6 +81,9 @@ class Replica:
     status: ReplicaStatus = "stopped"
     restarts: int = 0
     health_interval_s: float = HEALTH_INTERVAL_S
+    backoff_s: float = BACKOFF_S
+    _failures: int = field(default=0, repr=False)  # runs in a row that died before they were ready
+    _restart_at: float | None = field(default=None, repr=False)  # when a restart waiting out its backoff starts
     _started_at: float = field(default=0.0, repr=False)
     _health: health.HealthCheck | None = field(default=None, repr=False)
     _last_look: float = field(default=0.0, repr=False)
@@ -82,6 +92,8 @@ class Replica:
 
     @property
     def server_log(self) -> Path:
+        """The running server's log; run N's (N = 1, 2, ...), once a restart replaced it, is `.log.N`
+        beside it, and the previous `make serve`'s last `.log.0`."""
         return self.log_dir / f"{self.name}-tritonserver.log"
 
     @property
@@ -101,8 +113,11 @@ class Replica:
         """Start tritonserver (the front follows once it is ready: `poll()`)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.server_log
-        if log.exists():  # keep the log of the run that died, for the operator
-            log.replace(log.with_suffix(".log.1"))
+        if self.restarts == 0:  # numbered logs of an earlier `make serve` would pass for this one's
+            for old in log.parent.glob(f"{log.name}.*"):
+                old.unlink()
+        if log.exists():  # keep the log of the run that ended, for the operator: none is overwritten
+            log.replace(log.with_name(f"{log.name}.{self.restarts}"))
         self.server = self.server_factory(self.repo, self.ports, log_file=log, extra=[f"--exit-timeout-secs={self.drain_s}"],
                                           admin_header=self.admin_header)
         self.status = "starting" if self.restarts == 0 else "restarting"
@@ -114,8 +129,13 @@ class Replica:
         """Advance the life cycle by one look; True when something changed (the replicas file is
         rewritten then). A dead tritonserver is restarted, and so is one whose models cannot serve;
         the front, a client that reconnects, stays."""
-        if self.server is None or self.status in ("draining", "stopped"):
+        if self.server is None or self.status in ("draining", "stopped", "failed"):
             return False
+        if self._restart_at is not None:
+            if time.monotonic() < self._restart_at:
+                return False
+            self._start_again()
+            return True
         if self.server.poll() is not None:
             if not self.restart_on_exit or self.failed_to_start:
                 return False
@@ -143,9 +163,26 @@ class Replica:
 
     def _restart(self) -> None:
         launcher.stop(self.server, timeout_s=KILL_S)  # and its stubs, which a killed server leaves behind
-        if self.restart_on_exit:  # else the server's end is the container's, and the kubelet's to restart
-            self.restarts += 1
-            self.start()
+        if not self.restart_on_exit:  # the server's end is the container's, and the kubelet's to restart
+            return
+        self._failures = self._failures + 1 if self.status == "restarting" else 0
+        if self._failures >= MAX_FAILURES:
+            self.status = "failed"
+            print(f"[replicas] {self.name}: tritonserver died {self._failures} times in a row before it was ready; giving up "
+                  f"(its last log: {self.server_log})", flush=True)
+            return
+        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self._failures - 1)) if self._failures else 0.0
+        self.status = "restarting"
+        if delay:
+            print(f"[replicas] {self.name}: it died before it was ready ({self._failures} of {MAX_FAILURES}); restarting in {delay:g} s", flush=True)
+            self._restart_at = time.monotonic() + delay
+        else:
+            self._start_again()
+
+    def _start_again(self) -> None:
+        self._restart_at = None
+        self.restarts += 1
+        self.start()
 
     def _look(self) -> bool:
         """Every `health_interval_s`, judge the ready server's models. A fault seen on two looks in a
@@ -158,10 +195,13 @@ class Replica:
         self._last_look = now
         headers = launcher.admin_headers(self.admin_header)
         index = health.repository_index(self.ports.http, headers, LOOK_TIMEOUT_S)
-        fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now)
+        fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now) or self._hung(index)
         seen_before, self._suspect = self._suspect, fault
         if fault is None or seen_before is None:
             return False
+        if fault.hung:  # killed, its stubs are dead ones, reloaded or restarted as any
+            print(f"[replicas] {self.name}: {fault.reason}; killing its stub processes", flush=True)
+            health.kill_stubs(self.server.pid, fault.model)
         if fault.model in health.RELOADABLE and not fault.wedged:
             if self._reloading is None or not self._reloading.is_alive():
                 print(f"[replicas] {self.name}: {fault.reason}; reloading it (meanwhile the baseline serves)", flush=True)
@@ -171,6 +211,14 @@ class Replica:
         print(f"[replicas] {self.name}: {fault.reason}; {'restarting' if self.restart_on_exit else 'stopping'} tritonserver", flush=True)
         self._restart()
         return True
+
+    def _hung(self, index: list[health.ModelState]) -> health.Fault | None:
+        """A READY engine of this server whose stubs answer no ping (not one being reloaded)."""
+        reloading = self._reloading is not None and self._reloading.is_alive()
+        engines = [m.name for m in index if m.state == "READY" and m.name in health.ENGINES and m.name in self._health.expected_stubs
+                   and not (reloading and m.name in health.RELOADABLE)]
+        hung = health.unanswered_pings(self.ports.grpc, engines, launcher.engine_key()) if engines else []
+        return health.Fault(model=hung[0], reason=f"{hung[0]} answers no ping", hung=True) if hung else None
 
     def _reload(self, model: str, headers: dict[str, str]) -> None:
         """In a thread: a load takes seconds to minutes, and the supervisor keeps looking meanwhile (a

@@ -53,7 +53,7 @@ def main() -> None:
     try:
         while not stopping:
             replica.poll()
-            if replica.failed_to_start:
+            if replica.failed_to_start or replica.status == "failed":  # the first start, or every restart since, never got ready
                 print(replica.log_tail(), flush=True)
                 print(f"[serve] tritonserver exited with code {replica.server.returncode} before it was ready (log above: {log})", flush=True)
                 code = replica.server.returncode or 1
@@ -69,7 +69,7 @@ def main() -> None:
                     f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
                     f"  control  {', '.join(launcher.RESTRICTED_APIS)} APIs need the contents of {launcher.ADMIN_SECRET.relative_to(launcher.ROOT)}\n"
                     f"           in the header {args.admin_header} (HTTP) or {launcher.GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
-                    f"  logs     {log}, {replica.front_log.name} (a restarted server's last log: .log.1)\n"
+                    f"  logs     {log}, {replica.front_log.name} (the logs of earlier runs, once restarted: .log.1, .log.2, ...)\n"
                     f"  try:     python clients/generate.py 'Hello!' --stream\n"
                     f"A tritonserver that dies or loses a stub is restarted (a dead spec_engine is reloaded). Ctrl-C stops the server and the front.",
                     flush=True,

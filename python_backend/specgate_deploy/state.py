@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ReplicaStatus = Literal["starting", "ready", "restarting", "draining", "stopped"]
+ReplicaStatus = Literal["starting", "ready", "restarting", "draining", "stopped", "failed"]  # failed: restarts given up
 
 
 class PortSet(BaseModel):

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from specgate_front import errors
+from specgate_front.body_limit import BodyLimit
 from specgate_front.completion import complete
 from specgate_front.formats import ChatFormat, TextFormat
 from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList, Readiness
@@ -30,7 +31,7 @@ from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
 log = logging.getLogger("specgate_front")
 
-ERRORS = {400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 502: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
 
 def create_app(grpc_url: str, model: str = LLM_MODEL, http_url: str | None = None) -> FastAPI:
@@ -49,6 +50,7 @@ def create_app(grpc_url: str, model: str = LLM_MODEL, http_url: str | None = Non
         await triton.close()
 
     app = FastAPI(title="specgate OpenAI-compatible front", lifespan=lifespan)
+    app.add_middleware(BodyLimit)
     errors.install(app, model)
 
     def check_model(name: str) -> None:

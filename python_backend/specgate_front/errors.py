@@ -1,6 +1,7 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the status that
-tells a client whether to retry (400 for the request's fault, 503 with Retry-After for overload or an
-engine that is not answering, 500 for ours)."""
+tells a client whether to retry (400 for the request's fault, 502 where this replica cannot serve it now
+(Triton unreachable, an engine not answering: a balancer retries it on another replica), 503 with
+Retry-After for overload, 500 for ours)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from specgate.errors import InvalidInput
 from specgate_front.schemas import ErrorDetail, ErrorResponse
 from specgate_front.triton import BackendError
 
@@ -55,9 +57,13 @@ def install(app: FastAPI, model: str) -> None:
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail))
 
+    @app.exception_handler(InvalidInput)
+    async def _invalid_input(_: Request, exc: InvalidInput) -> JSONResponse:
+        return error_response(400, str(exc))
+
     @app.exception_handler(BackendError)
     async def _backend(_: Request, exc: BackendError) -> JSONResponse:
-        response = error_response(exc.status, exc.message, code="service_unavailable" if exc.status == 503 else None)
+        response = error_response(exc.status, exc.message, code="service_unavailable" if exc.status in (502, 503) else None)
         if exc.retry_after_s is not None:
             response.headers["Retry-After"] = str(exc.retry_after_s)
         return response

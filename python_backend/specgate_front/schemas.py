@@ -9,16 +9,23 @@ shapes, plus the `specgate` extension field that carries the gate's per-request 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from specgate_client import GenerateParams
 from specgate.contract import GateDecision
+from specgate.text.stop_words import check_stop_strings
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# What the `llm` inputs' types hold (INT32 counts, an INT64 seed): beyond, numpy 1.x wrapped a value
+# silently (max_tokens 2**32 + 1 became 1) and numpy 2 raised, a 500. The gate checks the rest.
+Count = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class StreamOptions(_Strict):
@@ -31,15 +38,15 @@ class GenerationRequest(_Strict):
     model: StrictStr
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: StrictInt | None = None
+    max_tokens: Count | None = None
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     stop: StrictStr | list[StrictStr] | None = None
     n: Literal[1] | None = None  # one choice per request
     # speculative knobs (the `llm` model's inputs of the same names)
     use_speculative_decoding: StrictBool | None = None
-    num_speculative_tokens: StrictInt | None = None
+    num_speculative_tokens: Count | None = None
     speculative_algorithm: StrictStr | None = None
 
     @model_validator(mode="before")
@@ -59,6 +66,11 @@ class GenerationRequest(_Strict):
         if both:
             raise ValueError(f"{', '.join(both)} given both at the top level and in extra_body")
         return {**data, **extra}
+
+    @model_validator(mode="after")
+    def _bounded_stops(self) -> GenerationRequest:
+        check_stop_strings(self.stops())  # the bounds the models hold stop strings to, said here as a 400
+        return self
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -99,7 +111,7 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None  # the newer name of max_tokens
+    max_completion_tokens: Count | None = None  # the newer name of max_tokens
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

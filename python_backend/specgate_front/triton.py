@@ -32,10 +32,14 @@ GATE_MODEL = "spec_gate"  # its config names spec_engine's published calibration
 
 # How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
 # the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
-# others are told apart by how the gate words them:
+# others are told apart by how the gate words them. The status says who may retry: 502 is this
+# replica's fault, which HAProxy retries once on another replica (deploy/local/haproxy.cfg.j2); 503
+# is overload, which a retry elsewhere would only add to, so the client backs off (Retry-After).
 # - "overloaded: ...; retry later": the gate's admission refused it (gate/admission.py): 503 and
 #   Retry-After, which OpenAI's SDKs retry (they do not retry a 400);
-# - "<engine> is not answering: ...": an engine process is gone (serving/engine_client.py): 503;
+# - "<engine> is not answering: ...": an engine process is gone or hung, and the gate could not
+#   serve the request on the other one either (serving/engine_client.py): 502;
+# - Triton unreachable, or `llm` not loaded or not ready: 502;
 # - "gate error: ...", "postprocessing error: ...", "<engine>: ...": our own faults: 500.
 # Anything else is the client's (400).
 _OVERLOADED = re.compile(r"overloaded:")
@@ -65,9 +69,9 @@ def classify(message: str, model: str = LLM_MODEL) -> BackendError:
     if _OVERLOADED.match(text):
         return BackendError(503, text, retry_after_s=RETRY_AFTER_S)
     if _ENGINE_GONE.match(text):
-        return BackendError(503, text)
+        return BackendError(502, text)
     if any(m in text.lower() for m in _UNAVAILABLE_MARKERS):
-        return BackendError(503, f"model {model!r} is not available: {text}")
+        return BackendError(502, f"model {model!r} is not available: {text}")
     if _SERVER_FAULT.match(text):
         return BackendError(500, text)
     return BackendError(400, text)
@@ -75,7 +79,7 @@ def classify(message: str, model: str = LLM_MODEL) -> BackendError:
 
 def _rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return BackendError(503, f"Triton at {url} is unavailable: {exc.details()}")
+        return BackendError(502, f"Triton at {url} is unavailable: {exc.details()}")
     return BackendError(502, f"Triton at {url}: {exc.code().name}: {exc.details()}")
 
 
@@ -93,15 +97,16 @@ class Triton:
 
     async def tokenizer(self) -> PromptTokenizer:
         """The tokenizer `preprocessing` uses, loaded once from the directory its config names (the
-        front and Triton share a file system); 503 while Triton cannot say which."""
+        front and Triton share a file system); 502 while Triton cannot say which."""
         async with self._tokenizer_lock:
             if self._tokenizer is None:
                 try:
                     config = await self.client.get_model_config(PREPROCESSING_MODEL, as_json=True)
                 except InferenceServerException as exc:  # tritonclient's wrapping of every gRPC error here
-                    raise BackendError(503, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
-                path = config["config"]["parameters"]["tokenizer_dir"]["string_value"]
-                self._tokenizer = await run_in_threadpool(PromptTokenizer, path, 0)  # the front checks no prompt length
+                    raise BackendError(502, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
+                params = config["config"]["parameters"]
+                path, max_input_len = params["tokenizer_dir"]["string_value"], int(params["max_input_len"]["string_value"])
+                self._tokenizer = await run_in_threadpool(PromptTokenizer, path, max_input_len)
                 log.info("tokenizer from %s", path)
         return self._tokenizer
 
@@ -138,18 +143,20 @@ class Triton:
 
     async def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The model's chat template over `messages`, ending with the assistant's turn, and its length
-        in tokens. (`llm` itself wraps a prompt as a single user turn only.)"""
+        in tokens. (`llm` itself wraps a prompt as a single user turn only.) InvalidInput for a prompt
+        longer than the model's context, found before a huge one costs the tokenizer its size."""
         tok = await self.tokenizer()
 
         def render() -> tuple[str, int]:
             text = tok.render_chat(messages)
-            return text, len(tok.encode(text))
+            return text, len(tok.encode_within_limit(text))
 
         return await run_in_threadpool(render)
 
     async def count_tokens(self, text: str) -> int:
+        """`text`'s length in tokens; InvalidInput as `chat_prompt`."""
         tok = await self.tokenizer()
-        return await run_in_threadpool(lambda: len(tok.encode(text)))
+        return await run_in_threadpool(lambda: len(tok.encode_within_limit(text)))
 
     async def generate(self, prompt: str, p: GenerateParams, headers: dict[str, str], stream: bool) -> AsyncIterator[Chunk]:
         """The `llm` responses for one request, as Chunks, until the final one. With `stream` false,

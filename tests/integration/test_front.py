@@ -133,7 +133,12 @@ BAD = [
     ("unsupported field", {"model": "llm", "prompt": "Hi", "logprobs": 2}, {}, 400, "unsupported parameter: logprobs"),
     ("n above one", {"model": "llm", "prompt": "Hi", "n": 2}, {}, 400, "n:"),
     ("unknown model", {"model": "gpt-4o", "prompt": "Hi"}, {}, 404, "gpt-4o"),
-    ("max_tokens 0 (the gate)", {"model": "llm", "prompt": "Hi", "max_tokens": 0}, {}, 400, "max_tokens"),
+    ("max_tokens 0", {"model": "llm", "prompt": "Hi", "max_tokens": 0}, {}, 400, "max_tokens"),
+    ("max_tokens past the gate's limit (the gate)", {"model": "llm", "prompt": "Hi", "max_tokens": 5000}, {}, 400, "max_tokens"),
+    # issue 49: the front tokenized any prompt whole and checked no length
+    ("prompt past the context", {"model": "llm", "prompt": "word " * 5000}, {}, 400, "the limit is"),
+    ("prompt far past the context", {"model": "llm", "prompt": "word " * 200_000}, {}, 400, "bytes, more than"),
+    ("body past the limit", {"model": "llm", "prompt": "word " * 220_000}, {}, 413, "at most"),
     ("unknown algorithm (the gate)", {"model": "llm", "prompt": "Hi", "speculative_algorithm": "medusa"}, {}, 400, "speculative_algorithm"),
     ("malformed header (the gate)", {"model": "llm", "prompt": "Hi"}, {"x-speculative-decoding": "maybe"}, 400, "x-speculative-decoding"),
     ("malformed header, streamed", {"model": "llm", "prompt": "Hi", "stream": True}, {"x-speculative-decoding": "maybe"}, 400, "x-speculative-decoding"),
@@ -162,13 +167,13 @@ def test_models(oai):
     assert [m.id for m in oai.models.list()] == ["llm"]
 
 
-def test_triton_unreachable_is_503(server):
+def test_triton_unreachable_is_502(server):
     ports = replace(server, grpc=free_port(), front=free_port())  # nothing listens on that gRPC port
     with running_front(ports, TEST_OUT / "front-unreachable.log"):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports.front}/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.InternalServerError) as exc:
             client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Hi"}])
-        assert exc.value.status_code == 503 and "unavailable" in exc.value.message
+        assert exc.value.status_code == 502 and "unavailable" in exc.value.message
 
 
 def test_client_disconnect_cancels_the_triton_stream(front):
@@ -223,14 +228,19 @@ def test_overload_is_503_with_retry_after(front, grpc):
         assert "overloaded" in r.json()["error"]["message"] and r.json()["error"]["type"] == "server_error"
 
 
-def test_a_dead_target_engine_is_503(front, http):
-    """Issue 26: `target_engine is not answering` became a 400 (classify expected "target_engine:")."""
+def test_a_dead_target_engine_loses_no_request(front, http):
+    """Issue 49: a dead target_engine stub failed every request (the front answered 503; Triton's own
+    generate answered 400, which HAProxy does not retry). spec_engine now serves them: streamed or
+    not, the client sees its answer, with the reason."""
     body = {"model": "llm", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
     try:
         _kill("target_engine")
-        r = requests.post(f"{front[0]}/v1/chat/completions", json=body, headers={"x-speculative-decoding": "off"}, timeout=300)
-        print(f"\ntarget_engine killed: HTTP {r.status_code}: {r.text[:200]}")
-        assert r.status_code == 503 and "target_engine" in r.json()["error"]["message"], r.text
+        for stream in (False, True):
+            r = requests.post(f"{front[0]}/v1/chat/completions", json={**body, "stream": stream}, headers={"x-speculative-decoding": "off"}, timeout=300)
+            print(f"\ntarget_engine killed, stream={stream}: HTTP {r.status_code}: {r.text[-300:]}")
+            assert r.status_code == 200, r.text
+            last = json.loads(r.text.split("data: ")[-2]) if stream else r.json()
+            assert "error" not in last and last["specgate"]["gate_reason"] == "target_engine_failure", r.text
     finally:
         _restart(http, "target_engine")
     assert requests.post(f"{front[0]}/v1/chat/completions", json=body, timeout=300).status_code == 200

@@ -1,8 +1,8 @@
-"""Issues 4 and 16: engine faults under load. When spec_engine is killed or unloaded mid-run, no
+"""Issues 4, 16 and 49: engine faults under load. When spec_engine is killed or unloaded mid-run, no
 client request is lost (each finishes on the baseline), the gate counts the failures, and once it is
-back speculative traffic resumes. When target_engine is killed, its clients get a clear error within
-seconds, never a hang, until it is restarted. And the model-repository API that unloads and loads
-models answers only with the admin key.
+back speculative traffic resumes. When target_engine is killed, no request is lost either (each
+finishes on spec_engine); with both gone, clients get a clear error within seconds, never a hang.
+And the model-repository API that unloads and loads models answers only with the admin key.
 
 Kept in its own module (runs after test_gate.py) because it restarts engines: `unload`, then
 `load` (on Triton 2.51 a `load` of a loaded model whose files did not change sometimes does nothing,
@@ -157,28 +157,29 @@ def test_spec_engine_killed_or_unloaded_loses_no_request(http, grpc, server):
     assert resumed is not None, "no speculative request within 120 s of the reload"
 
 
-def test_target_engine_killed_gives_clear_errors_then_restarts(http, grpc, server):
-    """Without its baseline engine the gate cannot serve: every client must hear so within seconds,
-    the requests in flight included (whose engine will never answer them), until it is restarted."""
+def test_target_engine_killed_loses_no_request_then_restarts(http, grpc, server):
+    """Issue 49: a dead target_engine stub used to fail every request in flight and every new one (a
+    400 over HTTP generate, which HAProxy does not retry). spec_engine now finishes them, each as the
+    baseline would have (greedy, exact mode), with reason target_engine_failure. Only with both
+    engines gone does a client get an error: one that names the engine, within seconds."""
     deadline_s = 60  # a client that waits longer than this counts as hung
-    params = GenerateParams(max_tokens=200)
+    params = GenerateParams(max_tokens=64)
+    expected = {p: http.generate(p, params, spec_mode="off").text for p in PROMPTS}
     clients = [HttpClient(http.base, timeout_s=deadline_s), GrpcClient(grpc.url, timeout_s=deadline_s)]
 
-    def one(i: int) -> tuple[str, float]:
-        c = clients[i % 2]
+    def one(i: int) -> tuple[str, str, float]:
+        """(what the client got: its text, or the error; the reason; seconds)"""
+        c, p = clients[i % 2], PROMPTS[i % len(PROMPTS)]
         start = time.monotonic()
         try:
-            if i % 4 < 2:
-                c.generate(PROMPTS[i % len(PROMPTS)], params, spec_mode="off")
-            else:
-                collect(c.stream(PROMPTS[i % len(PROMPTS)], params, spec_mode="off"))
-            return "served", time.monotonic() - start
+            r = c.generate(p, params, spec_mode="off") if i % 4 < 2 else collect(c.stream(p, params, spec_mode="off"))
+            return ("served" if r.text == expected[p] else f"wrong output: {r.text!r}"), r.meta["gate_reason"], time.monotonic() - start
         except Exception as exc:  # an error from the server, or the client's own timeout
-            return f"{type(exc).__name__}: {exc}", time.monotonic() - start
+            return f"{type(exc).__name__}: {exc}", "", time.monotonic() - start
 
     try:
         # The engines' compute lock, held here, keeps every request in flight until the kill: on a
-        # fast CPU 200 tokens take under a second, so a sleep alone could miss them all.
+        # fast CPU the tokens take under a second, so a sleep alone could miss them all.
         with ThreadPoolExecutor(4) as ex, open(COMPUTE_LOCK, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -190,20 +191,24 @@ def test_target_engine_killed_gives_clear_errors_then_restarts(http, grpc, serve
                 fcntl.flock(lock, fcntl.LOCK_UN)
             outcomes = [f.result(timeout=2 * deadline_s) for f in futures]
         after = one(0)
-        print(f"\nfault injected: target_engine killed; in flight: {[(o[:70], round(t, 1)) for o, t in outcomes]}; "
-              f"next request: {after[0][:80]!r} in {after[1]:.1f} s")
-        for outcome, seconds in outcomes + [after]:
-            assert outcome == "served" or ("target_engine" in outcome and "no response" not in outcome), outcome
+        print(f"\nfault injected: target_engine killed; in flight: {[(o[:70], r, round(t, 1)) for o, r, t in outcomes]}; "
+              f"next request: {after[0][:80]!r} ({after[1]}) in {after[2]:.1f} s")
+        for outcome, reason, seconds in outcomes + [after]:
+            assert (outcome, reason) == ("served", "target_engine_failure"), outcome
             assert seconds < deadline_s, f"a client waited {seconds:.0f} s"
-        assert not any(o == "served" for o, _ in outcomes), "served by a killed engine"
-        assert after[0] != "served" and after[1] < 10
-        _restart(http, "target_engine")
-        recovered = http.generate(PROMPTS[0], GenerateParams(max_tokens=8), spec_mode="off")
-        print(f"after unload + load: {recovered.text!r}")
-        assert recovered.meta["num_output_tokens"] > 0
+        # with spec_engine gone too, nothing can serve: a clear error, at once
+        _repo(http, "unload", "spec_engine")
+        gone = one(0)
+        print(f"both engines gone: {gone[0][:120]!r} in {gone[2]:.1f} s")
+        assert "target_engine is not answering" in gone[0] and gone[2] < 15, gone
     finally:
-        if not stub_pids("target_engine"):
-            _restart(http, "target_engine")  # the session's later tests need it
+        if not _ready(http, "spec_engine"):
+            _repo(http, "load", "spec_engine")
+        _restart(http, "target_engine")  # the session's later tests need both
+        wait_calibrated(TEST_OUT / "model_repository")
+    recovered = http.generate(PROMPTS[0], GenerateParams(max_tokens=8), spec_mode="off")
+    print(f"after unload + load: {recovered.text!r} ({recovered.meta['gate_reason']})")
+    assert recovered.meta["num_output_tokens"] > 0 and recovered.meta["route"] == "baseline"
 
 
 def test_a_slow_spec_engine_that_answers_pings_is_not_a_failure(http, server):

@@ -9,6 +9,7 @@ block of 40 from 21000 up, or TEST_REPLICAS_PORT_BASE= (replicas at BASE.., publ
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -23,11 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 import yaml
 
 from loadtest.metrics import scrape, value
+from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate_deploy.state import ClusterState, read_state
 from specgate_deploy.tools import INSTALL_HINT, which
 from specgate_launcher import wait_calibrated
@@ -40,6 +43,7 @@ pytestmark = [
 ]
 
 OUT = ROOT / "artifacts" / "test-replicas"
+COMPUTE_LOCK = OUT / "compute.lock"
 POLICY = """\
 version: 1
 mode: prod
@@ -118,7 +122,8 @@ def cluster() -> Iterator[Cluster]:
     base = _free_block(40)
     state_file, run_dir = OUT / "replicas.json", OUT / "run"
     state_file.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python_backend"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python_backend"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           ENV_COMPUTE_LOCK: str(COMPUTE_LOCK)}  # both replicas' engines take turns on it; a test holds it to keep requests in flight
     cmd = [sys.executable, "-m", "specgate_deploy", "--replicas", "2", "--model-repository", str(OUT / "model_repository"),
            "--replica-base-port", str(base), "--http-port", str(base + 30), "--grpc-port", str(base + 31), "--front-port", str(base + 32),
            "--prometheus-port", str(base + 33), "--haproxy-stats-port", str(base + 34), "--bind", "127.0.0.1",
@@ -279,6 +284,87 @@ def test_kill_one_replica_under_load(cluster: Cluster) -> None:
     assert r.choices[0].text
 
 
+def _generate_clients(c: Cluster) -> dict[tuple[int, int], str]:
+    """4 clients x 3 greedy, non-streamed HTTP generate requests through HAProxy; {(client, i): text}.
+    Triton's generate answers any model error 400, which HAProxy (rightly) does not retry."""
+    url = f"{c.url(c.state.public.http)}/v2/models/llm/generate"
+
+    def one(k: int) -> list[tuple[tuple[int, int], str]]:
+        out = []
+        for i in range(PER_CLIENT):
+            body = {"text_input": PROMPTS[(k * PER_CLIENT + i) % len(PROMPTS)], "max_tokens": MAX_TOKENS, "x-speculative-decoding": "off"}
+            r = requests.post(url, json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            out.append(((k, i), r.json()["text_output"]))
+        return out
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        return dict(kv for part in pool.map(one, range(CLIENTS)) for kv in part)
+
+
+def _back(c: Cluster, index: int, old_pid: int) -> float:
+    """Seconds until replica `index`, restarted by its supervisor, serves again directly."""
+    t0 = time.monotonic()
+
+    def serves() -> bool:
+        r = c.state.replicas[index]
+        return r.status == "ready" and r.tritonserver_pid not in (None, old_pid) and _ok_generate(r.ports.http)
+    wait_for(f"replica-{index} to be restarted and serve again", serves, 120)
+    return time.monotonic() - t0
+
+
+def _ok_generate(port: int) -> bool:
+    try:
+        return requests.post(f"http://127.0.0.1:{port}/v2/models/llm/generate", json={"text_input": "Hi", "max_tokens": 2}, timeout=30).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_kill_a_target_engine_stub_under_load(cluster: Cluster) -> None:
+    """Issue 49: SIGKILL of one replica's target_engine stub under steady load failed three of the
+    non-streamed generate requests in flight with 400. spec_engine now finishes them (greedy: as
+    undisturbed), and the supervisor restarts the replica, which serves again within a minute."""
+    undisturbed = _generate_clients(cluster)
+    victim = cluster.state.replicas[1]
+    old_pid = victim.tritonserver_pid
+    (stub,) = [p for p in psutil.Process(old_pid).children(recursive=True) if "/target_engine/1/model.py" in " ".join(p.cmdline())]
+    with ThreadPoolExecutor(1) as pool, open(COMPUTE_LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # no engine decodes: the requests stay in flight until the kill
+        try:
+            disturbed_f = pool.submit(_generate_clients, cluster)
+            wait_for("requests in flight on the victim", lambda: value(scrape(victim.ports.metrics), "spec_gate_in_flight") >= 1, 60, 0.05)
+            killed = time.monotonic()
+            stub.kill()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        disturbed = disturbed_f.result(timeout=300)
+    assert disturbed == undisturbed
+    back_s = time.monotonic() - killed + _back(cluster, 1, old_pid)
+    print(f"\ntarget_engine stub of {victim.name} killed: {len(disturbed)} requests answered, as undisturbed; serving again after {back_s:.0f} s")
+    assert back_s < 60
+    wait_for("HAProxy to take it back", lambda: "replica-1" in _servers_up(cluster), 30)
+    wait_calibrated(OUT / "model_repository")  # the module's later tests route to spec_engine
+
+
+def test_kill_a_front_under_load(cluster: Cluster) -> None:
+    """Issue 49: HAProxy checked a front on its tritonserver's port, so a dead front stayed in
+    rotation (its requests were saved only by connection-failure retries). It is taken out, nothing is
+    lost, and the supervisor's new front serves again."""
+    undisturbed = _run_clients(cluster)
+    victim = cluster.state.replicas[0]
+    with ThreadPoolExecutor(1) as pool:
+        disturbed_f = pool.submit(_run_clients, cluster)
+        wait_for("requests in flight on the victim", lambda: value(scrape(victim.ports.metrics), "spec_gate_in_flight") >= 1 or disturbed_f.done(), 60, 0.05)
+        killed = time.monotonic()
+        os.kill(victim.front_pid, signal.SIGKILL)
+        wait_for("HAProxy to take the dead front out", lambda: "replica-0" not in _servers_up(cluster, "openai_front"), 30, 0.2)
+        disturbed = disturbed_f.result(timeout=300)
+    assert disturbed == undisturbed
+    wait_for("its new front", lambda: _ok(f"{cluster.url(victim.ports.front)}/v1/models"), 60)
+    wait_for("HAProxy to take it back", lambda: "replica-0" in _servers_up(cluster, "openai_front"), 30, 0.2)
+    print(f"\nfront of {victim.name} killed: {len(disturbed)} requests answered, as undisturbed; serving again after {time.monotonic() - killed:.0f} s")
+
+
 def _haproxy_retries(c: Cluster) -> float:
     s = scrape(f"{c.url(c.state.public.haproxy_stats)}/metrics")
     return sum(v for (name, lbl), v in s.items() if name in ("haproxy_backend_retry_warnings_total", "haproxy_backend_redispatch_warnings_total")
@@ -320,9 +406,10 @@ def test_prometheus_answers_rules_and_dashboard_from_both_replicas(cluster: Clus
         assert cluster.prom(rule), f"recording rule {rule} has no data"
     for query in dashboard_queries():
         expr = promql(query)
-        assert cluster.prom(expr), f"dashboard query has no data: {expr}"
+        # within a few scrapes of the requests above: a replica restarted by an earlier test exports
+        # its acceptance gauge from its first speculative request, the one above
+        wait_for(f"dashboard query {expr} to have data", lambda e=expr: cluster.prom(e), 20, 1)
         for metric in set(_METRIC.findall(expr)):
-            # within a few scrapes of the requests above
             pods_of = lambda m=metric: {r["metric"].get("pod") for r in cluster.prom(f"count by (pod) ({m})")}  # noqa: E731
             try:
                 wait_for(f"{metric} from both replicas", lambda: pods_of() == pods, 20, 1)
@@ -334,7 +421,9 @@ def test_prometheus_answers_rules_and_dashboard_from_both_replicas(cluster: Clus
 # --- drain ---------------------------------------------------------------------------------------
 
 
-def test_sigterm_drains_and_stops_everything(cluster: Cluster) -> None:
+def test_sighup_drains_and_stops_everything(cluster: Cluster) -> None:
+    """SIGHUP (a closed terminal) drains and stops as Ctrl-C and SIGTERM do (one handler). Issue 49:
+    it killed the supervisor outright, which left HAProxy and Prometheus running."""
     st = cluster.state
     pids = [st.haproxy_pid, st.prometheus_pid, *[p for r in st.replicas for p in (r.tritonserver_pid, r.front_pid)]]
     assert all(pids)
@@ -343,7 +432,7 @@ def test_sigterm_drains_and_stops_everything(cluster: Cluster) -> None:
     with ThreadPoolExecutor(1) as pool:
         inflight = pool.submit(generate, victim.ports.http, "Write a poem about rain.", max_tokens=120, **{"x-speculative-decoding": "off"})
         wait_for("the request in flight", lambda: value(scrape(victim.ports.metrics), "spec_gate_in_flight") >= 1, 30, 0.05)
-        os.killpg(cluster.proc.pid, signal.SIGTERM)
+        os.kill(cluster.proc.pid, signal.SIGHUP)
         assert inflight.result(timeout=60)["num_output_tokens"] == 120
     assert cluster.proc.wait(60) == 0
     for pid in pids:

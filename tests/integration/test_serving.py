@@ -68,6 +68,10 @@ BAD = [
     ("top_p zero", {"top_p": 0.0}, "top_p"),
     ("top_p above one", {"top_p": 1.5}, "top_p"),
     ("prompt past context", {"text_input": "word " * 5000}, "limit"),
+    # issue 49: refused by its size, before it is tokenized (it was tokenized whole first)
+    ("prompt far past context", {"text_input": "word " * 200_000}, "bytes, more than"),
+    ("too many stop strings", {"stop": [f"s{i}" for i in range(17)]}, "17 stop strings; at most 16"),
+    ("stop string too long", {"stop": ["x" * 257]}, "257 bytes; at most 256"),
     ("unknown algorithm", {"speculative_algorithm": "medusa"}, "speculative_algorithm"),
     ("malformed header", {"x-speculative-decoding": "maybe"}, "x-speculative-decoding"),
 ]

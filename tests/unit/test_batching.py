@@ -269,3 +269,19 @@ def test_shutdown_ends_every_request(checkpoint, model, prompts):
     assert t.errors == {"running": "engine shut down", "waiting": "engine shut down"}
     with pytest.raises(RuntimeError, match="shutting down"):
         runner.submit(greedy(prompts[0]), t.emit("after"))
+
+
+def test_a_stop_word_across_a_continuation_ends_the_continued_request(checkpoint, model, prompts, alone):
+    """Issue 49: the gate continues a request on the other engine from prompt + the output sent so far
+    (a hand-over under load, a failed engine). A stop word whose first token went out before the
+    continuation and whose last comes after it must end the continued request at once; it used to run
+    on, since the engine matched only its own new tokens."""
+    out, k = alone[0], 5
+    stop = out[k - 1 : k + 1]
+    req = GenerationRequest(input_ids=prompts[0] + out[:k], max_new_tokens=NEW_TOKENS - k, end_id=2, stop_words=[stop], continued=k)
+    runner = make_runner(checkpoint, model, 1)
+    try:
+        (got,) = run_all(runner, [req])
+    finally:
+        runner.shutdown()
+    assert got == [out[k]]

@@ -74,7 +74,11 @@ def test_cpu_image_builds_llama_cpp_before_the_code_and_for_any_cpu() -> None:
     copies = [(n, a) for n, (i, a) in enumerate(builder) if i == "COPY"]
     llama = next(n for n, (i, a) in enumerate(builder) if i == "RUN" and "install_llamacpp.py" in a)
     whole = next(n for n, a in copies if a == ". .")
-    assert [a for n, a in copies if n < llama] == ["pyproject.toml ./", "build/install_llamacpp.py build/llamacpp_patch.py build/"]
+    assert [a for n, a in copies if n < llama] == ["pyproject.toml ./", "build/install_llamacpp.py build/llamacpp_patch.py build/",
+                                                    "build/llamacpp_kernels build/llamacpp_kernels"]
+    # exactly what make setup's own build depends on (its stamp's prerequisites)
+    stamp = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if ln.startswith("$(STAMP):"))
+    assert stamp.split(":", 1)[1].strip() == "pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py $(wildcard build/llamacpp_kernels/*)"
     assert llama < whole and "LLAMA_CPP_BUILD=portable" in next(a for i, a in builder if i == "ENV")
 
 

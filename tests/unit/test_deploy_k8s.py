@@ -160,7 +160,7 @@ def test_the_pod_writes_only_to_its_empty_dirs(rendered: dict[str, list[dict]]) 
     assert pod["automountServiceAccountToken"] is False and c["securityContext"]["readOnlyRootFilesystem"] is True
     empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
     writable = {m["mountPath"] for m in c["volumeMounts"] if m["name"] in empty} - {"/dev/shm"}
-    assert writable == {"/tmp", *writable_dirs()} and len(writable) == 5
+    assert writable == {"/tmp", *writable_dirs()} and len(writable) == 6
 
 
 def test_replicas_spread_over_nodes(rendered: dict[str, list[dict]]) -> None:

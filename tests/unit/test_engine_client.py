@@ -15,7 +15,9 @@ from tests.unit import fake_pb_utils as pb
 
 pb.install()
 
-from specgate.contract import PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_PING, PARAM_REQUEST_KEY  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specgate.contract import PARAM_CANCEL, PARAM_CONTINUED, PARAM_ENGINE_KEY, PARAM_PING, PARAM_REQUEST_KEY  # noqa: E402
 from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Decision  # noqa: E402
 from specgate.serving import bls  # noqa: E402
@@ -226,3 +228,29 @@ def test_a_ping_that_heard_nothing_is_sent_once_more() -> None:
             raise e
 
     SharedPing(ping_then_answer)()  # answered the second time: alive, no error
+
+
+def test_a_continuation_tells_the_engine_how_much_of_its_input_is_output(engines: Engines) -> None:
+    """Issue 49: the gate continues a request on the other engine from prompt + output; the engine
+    must know which input tokens are output, so that a stop word spanning the two ends it."""
+    stops = np.array([[7, 8], [2, -1]], np.int32)
+    _client().run("target_engine", LLM, DECISION, [1, 2, 3, 7], stops, lambda t, s: None, threading.Event(), already=1)
+    _client().run("target_engine", LLM, DECISION, [1, 2, 3], stops, lambda t, s: None, threading.Event())
+    continued, fresh = (r.parameters for r in engines.requests)
+    assert continued[PARAM_CONTINUED] == 1 and PARAM_CONTINUED not in fresh
+
+
+def test_a_hung_engine_is_reported_as_not_answering(monkeypatch: pytest.MonkeyPatch, engines: Engines) -> None:
+    """Issue 49: a live but hung stub answers no ping. Its requests failed with "target_engine: no
+    response for 10 s", which the front read as a fault of ours (500, never retried elsewhere); it is
+    an engine that is not answering, like a dead one (502, which HAProxy retries on another replica)."""
+    from specgate.serving import engine_client
+    from specgate_front.triton import classify
+
+    monkeypatch.setattr(engine_client, "CONTROL_TIMEOUT_S", 0.3)
+    engines.generation = engines.silent()
+    engines.ping = engines.silent
+    with pytest.raises(EngineGone) as gone:
+        _run(_client(), "target_engine")
+    assert str(gone.value).startswith("target_engine is not answering: ")
+    assert classify(f"in ensemble 'llm', {gone.value}").status == 502

@@ -1,8 +1,9 @@
 """The OpenAI front without a model: request validation, error shapes, stop strings, error classes, and
-503 while Triton is unreachable (the app is served in-process by starlette's TestClient)."""
+502 while Triton is unreachable (the app is served in-process by starlette's TestClient)."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -96,11 +97,12 @@ def test_stop_trimmer_without_stops_holds_nothing_back():
     ("in ensemble 'llm', target_engine: stub died", 500, None),
     ("in ensemble 'llm', gate error: boom", 500, None),
     ("in ensemble 'llm', postprocessing error: boom", 500, None),
-    ("Request for unknown model: 'llm' is not found", 503, None),
+    ("Request for unknown model: 'llm' is not found", 502, None),
     # the gate's own wording (gate/admission.py, serving/engine_client.py): issue 26 found these as 400
     ("in ensemble 'llm', overloaded: 1 requests already queued (admission.max_queued); retry later", 503, 1),
     ("in ensemble 'llm', overloaded: no free slot within 2 s (admission.queue_timeout_s); retry later", 503, 1),
-    ("in ensemble 'llm', target_engine is not answering: target_engine: no response for 10 s", 503, None),
+    # this replica cannot serve it, another may: 502, which HAProxy retries (it does not retry 503: issue 49)
+    ("in ensemble 'llm', target_engine is not answering: no answer to a control message in 10 s", 502, None),
 ])
 def test_classify(message, status, retry):
     err = classify(message)
@@ -125,9 +127,27 @@ def _assert_openai_error(r, status: int, needle: str) -> None:
     (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "n": 3}', "n:"),
     (b'{"model": "llm", "messages": []}', "messages"),
     (b'{"model": "llm", "messages": [{"role": "tool", "content": "Hi"}]}', "role"),
+    # issue 49: what the `llm` inputs' types cannot hold (numpy 1.x wrapped 2**32 + 1 to 1; a seed of
+    # 2**63 was a 500), and stop lists past the bounds the models keep (16 strings of 256 bytes)
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4294967297}', "max_tokens"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 0}', "max_completion_tokens"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "seed": 9223372036854775808}', "seed"),
+    (b'{"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "num_speculative_tokens": 2147483648}', "num_speculative_tokens"),
+    (json.dumps({**CHAT, "stop": [str(i) for i in range(17)]}).encode(), "17 stop strings; at most 16"),
+    (json.dumps({**CHAT, "stop": "x" * 257}).encode(), "257 bytes; at most 256"),
 ])
 def test_bad_requests_are_openai_shaped_400s(client, body, needle):
     _assert_openai_error(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}), 400, needle)
+
+
+def test_a_body_past_the_limit_is_413_before_it_is_read(client):
+    """Issue 49: no side limited a body's size; Starlette reads it whole. Declared or chunked."""
+    from specgate_front.body_limit import MAX_BODY_BYTES
+
+    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * MAX_BODY_BYTES}]}).encode()
+    _assert_openai_error(client.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}), 413, "at most")
+    chunks = (big[i : i + 65536] for i in range(0, len(big), 65536))  # no Content-Length: chunked
+    _assert_openai_error(client.post("/v1/chat/completions", content=chunks, headers={"content-type": "application/json"}), 413, "at most")
 
 
 def test_unknown_model_is_404(client):
@@ -141,9 +161,10 @@ def test_unknown_route_is_openai_shaped(client):
 
 
 @pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "llm", "prompt": "Hi", "stream": True})])
-def test_triton_unreachable_is_503(client, path, body):
+def test_triton_unreachable_is_502(client, path, body):
+    """502, which HAProxy retries on another replica (issue 49: it no longer retries 503, overload)."""
     r = client.post(path, json=body)
-    _assert_openai_error(r, 503, "unavailable")
+    _assert_openai_error(r, 502, "unavailable")
     assert r.json()["error"]["code"] == "service_unavailable"
 
 

@@ -28,11 +28,13 @@ pb.install()
 from specgate.contract import GATE_OUTPUTS, GATE_STATE_TENSOR, PARAM_CANCEL, PARAM_ENGINE_KEY, GateState  # noqa: E402
 from specgate.errors import InvalidInput  # noqa: E402
 from specgate.gate import Gate, RequestInputs  # noqa: E402
+from specgate.serving.bls import EngineFailure  # noqa: E402
 from specgate.serving.cancel_relay import CancelRelay  # noqa: E402
 from specgate.serving.client_stream import ClientStream  # noqa: E402
 from specgate.serving.engine_client import EngineClient  # noqa: E402
 from specgate.serving.engine_key import EngineKey  # noqa: E402
 from specgate.serving.gate_model import GateModel  # noqa: E402
+from specgate.serving.live_requests import LiveRequests  # noqa: E402
 from specgate.serving.llm_request import LLMRequest  # noqa: E402
 from specgate.serving.shadow import Shadow  # noqa: E402
 from specgate.serving.text_models import PostprocessingModel  # noqa: E402
@@ -53,14 +55,19 @@ def handler() -> Iterator[dict[str, Any]]:
     pb.InferenceRequest.handler = None
 
 
-def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handler: dict[str, Any]) -> None:
-    (tmp_path / "p.yaml").write_text("mode: shadow\nshadow:\n  max_concurrent_mirrors: 1\n")
-    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([pb.Tensor("output_ids", [[4, 5]])])])  # the mirror
-    handler["target_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("input_ids: bad", pb.TritonError.INVALID_ARG))])
+def _gate(tmp_path: Path, policy: str = "mode: off\n") -> GateModel:
+    (tmp_path / "p.yaml").write_text(policy)
     gm = GateModel.__new__(GateModel)
     gm.gate = Gate(str(tmp_path / "p.yaml"))
     gm.engines = EngineClient(2, True, lambda: 60.0, EngineKey(SECRET))
     gm.shadow = Shadow(gm.gate, gm.engines)
+    return gm
+
+
+def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handler: dict[str, Any]) -> None:
+    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([pb.Tensor("output_ids", [[4, 5]])])])  # the mirror
+    handler["target_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("input_ids: bad", pb.TritonError.INVALID_ARG))])
+    gm = _gate(tmp_path, "mode: shadow\nshadow:\n  max_concurrent_mirrors: 1\n")
     inputs = RequestInputs(temperature=0.0)
     d = gm.gate.decide(inputs)
     assert (d.reason, d.shadow) == ("shadow", True)  # it holds the one mirror slot
@@ -80,6 +87,45 @@ def test_a_mirror_slot_is_freed_whatever_ends_its_request(tmp_path: Path, handle
     while (reason := next_reason()) != "shadow" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert reason == "shadow", "the mirror slot was never freed"
+    gm.shadow.shutdown()
+    gm.engines.shutdown()
+
+
+def test_a_request_whose_target_engine_dies_finishes_on_spec_engine(tmp_path: Path, handler: dict[str, Any]) -> None:
+    """Issue 49: a dead target_engine stub failed its requests (HTTP generate answered them 400, which
+    HAProxy does not retry). The gate now continues each on spec_engine from the prompt plus what
+    was sent, as it continues a failed speculative request on the baseline."""
+    dead = pb.TritonError("Stub process 'target_engine_0_0' is not healthy.", pb.TritonError.INTERNAL)
+    asked: list[pb.InferenceRequest] = []
+    speculating: list[int] = []  # what the load rule's hand-over sees while it runs there
+
+    def target(req: pb.InferenceRequest) -> Iterator[Any]:
+        yield pb.InferenceResponse([pb.Tensor("output_ids", [[7, 8]])])  # streamed, then the stub dies
+        yield pb.InferenceResponse([], dead)
+
+    def spec(req: pb.InferenceRequest) -> Iterator[Any]:
+        asked.append(req)
+        speculating.append(gm.engines.speculating)
+        yield pb.InferenceResponse([pb.Tensor("output_ids", [[9]])])
+
+    handler["target_engine"], handler["spec_engine"] = target, spec
+    gm = _gate(tmp_path)
+    d = gm.gate.decide(RequestInputs(temperature=0.0))
+    out = ClientStream(pb.ResponseSender(), True, d.route, d.reason, 1)
+    gm._serve_baseline(out, threading.Event(), LLMRequest(max_tokens=3, stream=True), d, [1, 2], None)
+    gm.gate.finish(d)
+    assert out.ids == [7, 8, 9] and (out.route, out.reason) == ("speculative", "target_engine_failure")
+    (req,) = asked
+    assert [t.as_numpy().reshape(-1).tolist() for t in req.inputs if t.name() == "input_ids"] == [[1, 2, 7, 8]]
+    assert [t.as_numpy().reshape(-1).tolist() for t in req.inputs if t.name() == "request_output_len"] == [[1]]
+    assert speculating == [0]  # the baseline cannot take it back: no hand-over may be asked for it
+
+    # with spec_engine gone too, the client hears that target_engine is not answering
+    handler["spec_engine"] = lambda req: iter([pb.InferenceResponse([], pb.TritonError("Stub process 'spec_engine_0_0' is not healthy."))])
+    d = gm.gate.decide(RequestInputs(temperature=0.0))
+    with pytest.raises(EngineFailure, match="target_engine is not answering"):
+        gm._serve_baseline(ClientStream(pb.ResponseSender(), False, d.route, d.reason, 2), threading.Event(), LLMRequest(max_tokens=3), d, [1, 2], None)
+    gm.gate.finish(d)
     gm.shadow.shutdown()
     gm.engines.shutdown()
 
@@ -192,3 +238,63 @@ def test_an_error_after_responses_went_out_is_data_that_postprocessing_answers(c
     ((answer, flags),) = request.sender.sent
     assert flags == FINAL and answer.has_error()
     assert (answer.error().code(), answer.error().message()) == (getattr(pb.TritonError, code.upper()), f"ended: {code}")
+
+
+def test_a_client_that_leaves_while_queued_frees_its_place(tmp_path: Path) -> None:
+    """Issue 49: a request queued for admission sent postprocessing nothing, so a client that left
+    was never seen: it held its queue place until admitted or timed out, and live clients got 503."""
+    from specgate.gate.admission import Overloaded
+
+    gm = _gate(tmp_path, "mode: off\nadmission: {max_concurrent: 1, max_queued: 1, queue_timeout_s: 60}\n")
+    gm.live, gm.pool = LiveRequests(), None
+    holder = gm.gate.admission.enter()  # the one slot, taken
+    d, ticket = gm.gate.decide(RequestInputs()), gm.gate.admission.enter()  # queued behind it
+    sender = pb.ResponseSender()
+    serving = threading.Thread(target=gm._serve, args=(sender, LLMRequest(max_tokens=4), d, [1, 2], None, ticket), daemon=True)
+    serving.start()
+    deadline = time.monotonic() + 10
+    while not sender.sent and time.monotonic() < deadline:  # what postprocessing would look at
+        time.sleep(0.05)
+    assert sender.sent, "a queued request sent no heartbeat: postprocessing cannot see its client leave"
+    gm._cancel(_gate_state(sender.sent[0][0]).request_key)  # postprocessing found it cancelled
+    serving.join(timeout=10)
+    assert not serving.is_alive(), "the departed client still waits for a slot"
+    response, flags = sender.sent[-1]
+    assert flags == FINAL and "cancelled" in _gate_state(response).error[1]
+    assert gm.gate.admission.queued == 0
+    gm.gate.admission.enter()  # its place is free for a live client
+    with pytest.raises(Overloaded):
+        gm.gate.admission.enter()
+    gm.gate.admission.leave(holder)
+    gm.shadow.shutdown()
+    gm.engines.shutdown()
+
+
+def test_a_cancellation_whose_message_failed_is_sent_again(handler: dict[str, Any]) -> None:
+    """Issue 49: the relay marked a key as relayed before sending it, so a message that failed (the
+    gate busy past the timeout, a BLS error) was never sent again, and the request ran to its end."""
+    asked: list[dict] = []
+
+    def gate(req: pb.InferenceRequest) -> Iterator[Any]:
+        asked.append(req.parameters)
+        if len(asked) == 1:
+            raise pb.TritonModelException("spec_gate is busy")
+        yield pb.InferenceResponse([])
+
+    handler["spec_gate"] = gate
+    relay = CancelRelay(EngineKey(SECRET))
+
+    def relayed(n: int) -> bool:
+        deadline = time.monotonic() + 10
+        while len(asked) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # and its outcome handled
+        return len(asked) >= n
+
+    relay.cancel(77)
+    assert relayed(1)
+    relay.cancel(77)  # the request's next response, still cancelled
+    assert relayed(2), "a cancellation whose message failed was not sent again"
+    relay.cancel(77)  # delivered now: not sent a third time
+    time.sleep(0.5)
+    assert [p[PARAM_CANCEL] for p in asked] == ["77", "77"]

@@ -63,10 +63,11 @@ def test_subpackages_import_only_downward() -> None:
 
 # Beside the server's package, lowest first: each imports only from groups below it (or from itself).
 # The launcher starts one tritonserver and its front; the deploy package composes and supervises what it
-# starts (`make serve`, the replicas, the pod); the benchmarks drive all of them.
+# starts (`make serve`, the replicas, the pod) and configures the balancer by the front's own limits;
+# the benchmarks drive all of them.
 PYTHON_BACKEND = PACKAGE.parent
 BENCH = PYTHON_BACKEND.parent / "bench"
-OUTSIDE_LAYERS = (("specgate",), ("specgate_client", "specgate_launcher"), ("specgate_front", "specgate_deploy"), ("bench",))
+OUTSIDE_LAYERS = (("specgate",), ("specgate_client", "specgate_launcher"), ("specgate_front",), ("specgate_deploy",), ("bench",))
 
 
 def _top_level_modules() -> dict[str, Path]:

@@ -175,3 +175,24 @@ def test_cached_tokens_is_what_llama_cpp_holds(tree_target, case) -> None:  # no
     assert tree_target.cached_tokens() > len(prompt) + len(tree)  # every branch holds the prefix too
     tree_target.release(0)  # verified, never committed: a request cancelled mid-step
     assert tree_target.cached_tokens() == 0
+
+
+def test_exact_mode_keeps_repacked_weights_only_where_the_probe_finds_them_invariant(gguf, monkeypatch) -> None:  # noqa: ANN001
+    """The probe decodes tokens alone and in batches of several sizes and compares bit for bit: a
+    target whose batched rows differ fails it, and an exact target whose probe fails reloads its
+    weights in the file's layout (the patch's kernels, invariant by construction) and stays exact."""
+    target = LlamaCppTarget(gguf, 128, num_slots=1, threads=2, exact=True)
+    assert target._probe_invariance()  # what it kept passes
+    forward = target.forward
+
+    def off_by_a_rounding_in_batches(items):  # noqa: ANN001, ANN202
+        out = forward(items)
+        return out + 1e-6 if sum(len(t) for _, t in items) > 1 else out
+
+    monkeypatch.setattr(target, "forward", off_by_a_rounding_in_batches)
+    assert not target._probe_invariance()
+    monkeypatch.setattr(LlamaCppTarget, "_probe_invariance", lambda self: False)
+    fallback = LlamaCppTarget(gguf, 128, num_slots=1, threads=2, exact=True)
+    assert not fallback.repacked
+    monkeypatch.undo()
+    assert fallback._probe_invariance()

@@ -259,3 +259,14 @@ def test_a_recalibration_is_refused_when_the_queue_is_full(checkpoint: Path, mod
     finally:
         release.set()
         r.shutdown()
+
+
+def test_a_stop_word_across_a_continuation_ends_the_continued_request(runner, prompts, reference) -> None:
+    """Issue 49: as in the baseline engine (test_batching.py): the gate continues a request here when
+    target_engine failed, from prompt + the output sent so far, and a stop word may span the two."""
+    out, k = reference[0], 5
+    req = GenerationRequest(input_ids=prompts[0] + out[:k], max_new_tokens=NEW - k, stop_words=[out[k - 1 : k + 1]], continued=k)
+    got = Collect()
+    runner.submit(req, got, algorithm="ngram")
+    assert got.done.wait(300) and got.final.error is None
+    assert got.tokens == [out[k]]

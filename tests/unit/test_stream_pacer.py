@@ -9,7 +9,7 @@ import random
 import pytest
 
 from specgate.cost_model import stream_pacer
-from specgate.cost_model.stream_pacer import MAX_INTERVAL_MS, START_INTERVAL_MS, StreamPacer, _Decode, fit_response_cost
+from specgate.cost_model.stream_pacer import MAX_INTERVAL_MS, START_INTERVAL_MS, Pace, StreamPacer, _Decode, fit_response_cost
 
 
 def stream(pacer: StreamPacer, decodes: int, base_ms: dict[int, float], cost_ms: float, spill: float = 0.4,
@@ -142,10 +142,52 @@ def test_the_engine_exports_its_interval_at_once_and_a_cost_only_once_measured()
 
     factory = InMemoryMetricFactory()
     metrics = EngineMetrics(factory, "target_engine")
-    metrics.streaming(START_INTERVAL_MS, None)
+    metrics.streaming(Pace(START_INTERVAL_MS))
     assert factory.families[ENGINE_STREAM_INTERVAL_METRIC].value(model="target_engine") == START_INTERVAL_MS / 1000
     assert not factory.families[ENGINE_RESPONSE_COST_METRIC].metrics
-    metrics.streaming(40.0, 2.0)
-    metrics.streaming(60.0, 3.0)
+    metrics.streaming(Pace(40.0, 2.0))
+    metrics.streaming(Pace(60.0, 3.0))
     assert factory.families[ENGINE_RESPONSE_COST_METRIC].value(model="target_engine") == 0.003
     assert factory.families[ENGINE_STREAM_INTERVAL_METRIC].value(model="target_engine") == 0.06
+
+
+def test_the_engine_exports_the_interval_and_the_cost_of_one_fit_while_the_pacer_refits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode thread refits while the response sender exports. CI once read an interval of
+    24.9 ms beside a cost that gives 31.2 ms: the export read the interval, a refit landed, then it
+    read the cost. Here a refit lands right after every read of the pacer."""
+    from types import SimpleNamespace
+
+    from tests.unit import fake_pb_utils
+
+    fake_pb_utils.install()
+    from specgate.contract import ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC
+    from specgate.gate.metrics import InMemoryMetricFactory
+    from specgate.serving.engine_metrics import EngineMetrics
+    from specgate.serving.engine_model import EngineModel
+    from specgate.serving.live_requests import LiveRequests
+
+    costs = iter([1.0, 1.5, 2.0, 2.5, 3.0, 3.5])
+    monkeypatch.setattr(stream_pacer, "fit_response_cost", lambda decodes: next(costs))
+
+    class RefitsWhileRead(StreamPacer):
+        def __getattribute__(self, name: str):  # noqa: ANN204
+            value = super().__getattribute__(name)
+            if name in ("pace", "interval_ms", "cost_ms") and not super().__getattribute__("refitting"):
+                self.refitting = True
+                super().__getattribute__("_refit")()
+                self.refitting = False
+            return value
+
+    pacer = RefitsWhileRead(budget=0.05)
+    pacer.refitting = True
+    pacer._decodes.extend(_Decode(1, 0.01, 0, 0) for _ in range(stream_pacer.MIN_DECODES))
+    pacer._refit()  # a first fit, so that a cost is exported
+    pacer.refitting = False
+    factory = InMemoryMetricFactory()
+    model = EngineModel.__new__(EngineModel)
+    model.live, model.pacer, model.metrics = LiveRequests(), pacer, EngineMetrics(factory, "target_engine")
+    model.metrics.started()
+    model._ended(SimpleNamespace(tokens=[1, 2], cancelled=False), SimpleNamespace(cached_tokens=0), None)
+    interval = factory.families[ENGINE_STREAM_INTERVAL_METRIC].value(model="target_engine")
+    cost = factory.families[ENGINE_RESPONSE_COST_METRIC].value(model="target_engine")
+    assert interval == pytest.approx(cost / 0.05)

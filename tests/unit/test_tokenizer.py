@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from specgate.errors import InvalidInput
 from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import ROOT
 from tests.prompts import GREEDY_PROMPTS, UNICODE_PROMPTS
@@ -82,3 +83,17 @@ def test_a_tokenizer_that_renders_no_chat_imports_no_transformers_and_renders_on
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == f"False {ours.eos_id} {ours.vocab_size}"
     assert out[1] == repr(ours.render_chat([{"role": "user", "content": "Hello there"}]))
+
+
+def test_a_prompt_too_large_for_the_context_is_refused_before_it_is_tokenized(checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Issue 49: a huge prompt was tokenized whole (seconds of a text stub's CPU) before its length
+    was checked. Its size in bytes alone now says it cannot fit."""
+    tok = PromptTokenizer(checkpoint, 2047)
+    monkeypatch.setattr(tok, "encode", lambda text: pytest.fail("tokenized"))
+    for chat in (True, False):
+        with pytest.raises(InvalidInput, match="bytes, more than 2047 tokens can hold"):
+            tok.encode_prompt("word " * 1_000_000, chat=chat)
+    monkeypatch.undo()
+    with pytest.raises(InvalidInput, match="tokens; the limit is 2047"):  # within the byte bound, past the token one
+        tok.encode_prompt("word " * 3000)
+    assert len(tok.encode_prompt("word " * 1000)) <= 2047

@@ -57,6 +57,16 @@ MAX_GAP_S = 0.005
 
 
 @dataclass(frozen=True)
+class Pace:
+    """One fit's interval and the cost it came from, replaced whole: the decode thread refits while
+    the response sender exports, and two separate reads could pair one fit's interval with the next
+    fit's cost."""
+
+    interval_ms: float  # for one stream open
+    cost_ms: float | None = None  # what one response is taken to cost the decode; None until a fit
+
+
+@dataclass(frozen=True)
 class _Decode:
     shape: Hashable
     seconds: float  # from the previous decode's end to this one's: the Python between, and the decode
@@ -72,8 +82,7 @@ class StreamPacer:
         if not 0 < budget < 1:
             raise ValueError(f"the streaming budget is a fraction of decode time in (0, 1), got {budget}")
         self.budget, self.fixed = budget, fixed_ms is not None
-        self.interval_ms = START_INTERVAL_MS if fixed_ms is None else fixed_ms  # for one stream open
-        self.cost_ms: float | None = None  # what one response is taken to cost the decode; None until a fit
+        self.pace = Pace(START_INTERVAL_MS if fixed_ms is None else fixed_ms)
         self._lock = threading.Lock()
         self._sends = 0  # responses sent since the last decode ended
         self._decodes: collections.deque[_Decode] = collections.deque(maxlen=WINDOW)
@@ -82,6 +91,14 @@ class StreamPacer:
         self._prev_end: float | None = None
         self._prev_sent = 0
         self._streams = 0  # streamed requests open
+
+    @property
+    def interval_ms(self) -> float:
+        return self.pace.interval_ms
+
+    @property
+    def cost_ms(self) -> float | None:
+        return self.pace.cost_ms
 
     def opened(self) -> None:
         with self._lock:
@@ -143,12 +160,13 @@ class StreamPacer:
         if cost is None:
             return
         interval = min(MAX_INTERVAL_MS, cost / self.budget)
-        if self.cost_ms is None or abs(interval - self.interval_ms) > 0.2 * max(self.interval_ms, 1.0):
+        old = self.pace
+        if old.cost_ms is None or abs(interval - old.interval_ms) > 0.2 * max(old.interval_ms, 1.0):
             log.info(
                 "streaming: a response costs %.2f ms of decode time; interval %.0f -> %.0f ms (budget %.0f%%)",
-                cost, self.interval_ms, interval, 100 * self.budget,
+                cost, old.interval_ms, interval, 100 * self.budget,
             )
-        self.cost_ms, self.interval_ms = cost, interval
+        self.pace = Pace(interval, cost)
 
 
 def fit_response_cost(decodes: list[_Decode]) -> float | None:

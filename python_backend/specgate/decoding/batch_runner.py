@@ -51,6 +51,9 @@ class _Seq:
     gen: torch.Generator | None = None
     done: bool = False  # its final event went out
 
+    def __post_init__(self) -> None:
+        self.stop_tail = self.req.stop_tail()  # computed once, checked at every token
+
 
 class BatchRunner:
     def __init__(self, target: Target, cfg: EngineConfig) -> None:
@@ -174,7 +177,7 @@ class BatchRunner:
         done = (
             len(seq.generated) >= seq.req.max_new_tokens
             or len(seq.req.input_ids) + len(seq.generated) >= self.cfg.max_context
-            or hits_stop(seq.generated, seq.req.stop_words)
+            or hits_stop(seq.generated, seq.req.stop_words, seq.stop_tail)
         )
         if done:
             self._finish(seq, tokens=[tok])

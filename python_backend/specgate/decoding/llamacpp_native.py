@@ -1,5 +1,5 @@
 """The llama.cpp / ggml functions that llama-cpp-python does not bind: its thread pool API, the
-batch-invariance switch that `make setup` patches into ggml (build/llamacpp_patch.py) and ggml's GGUF
+switches that `make setup` patches into ggml (build/llamacpp_patch.py) and ggml's GGUF
 reader; and where llama.cpp's own log lines go. Without torch: build/make_draft_model.py reads GGUFs
 with it too.
 
@@ -71,6 +71,7 @@ def loaded(lib_dir: Path, name: str, maps: Path = Path("/proc/self/maps")) -> Pa
     decodes use (seen: the pool's workers ran one copy's kernels, the caller the other's). A portable
     build's CPU backend is the one variant ggml chose at start, libggml-cpu-<level>.so.
     """
+    lib_dir = lib_dir.resolve()  # the maps name resolved paths: a venv reached through a link names another
     for line in maps.read_text().splitlines():
         path = Path(line.split(maxsplit=5)[-1])
         if path.parent == lib_dir and fnmatch(path.name, name + ".so*"):
@@ -122,6 +123,10 @@ class Native:
             self._invariant.argtypes = [ctypes.c_bool]
             self._invariant.restype = None
         self._invariant_on: bool | None = None
+        self._tiles = getattr(cpu, "ggml_cpu_set_tile_kernels", None)
+        if self._tiles is not None:
+            self._tiles.argtypes = [ctypes.c_bool]
+            self._tiles.restype = None
 
     # -- GGUF files ------------------------------------------------------------------------------
     def gguf_tensors(self, path: Path, names: list[str]) -> dict[str, GgufTensor]:
@@ -177,6 +182,13 @@ class Native:
             return
         self._invariant(on)
         self._invariant_on = on
+
+    def set_tile_kernels(self, on: bool) -> None:
+        """Process-wide: the patch's tile matmul kernels and blocked attention (on, the default), or the
+        per-row kernels of the earlier exact mode (off): benchmarks measure one against the other."""
+        if self._tiles is None:
+            raise RuntimeError("this llama-cpp-python build predates the tile kernels; reinstall it with `make setup`")
+        self._tiles(on)
 
 
 def _lib_dir(llama_cpp) -> Path:  # type: ignore[no-untyped-def]

@@ -16,6 +16,16 @@ class GenerationRequest(BaseModel):
     end_id: int | None = None
     stop_words: list[list[int]] = Field(default_factory=list)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    # How many of input_ids' last tokens are output the client already has: a request the gate
+    # continues on another engine (a hand-over, a failed engine). A stop word may span them.
+    continued: int = Field(0, ge=0)
+
+    def stop_tail(self) -> list[int]:
+        """The continued output that a stop word may still end in (all but its last token)."""
+        if not self.continued:
+            return []
+        n = min(self.continued, len(self.input_ids), max((len(w) for w in self.stop_words), default=1) - 1)
+        return self.input_ids[len(self.input_ids) - n :] if n > 0 else []
 
 
 @dataclass
@@ -40,6 +50,8 @@ def check_prompt(req: GenerationRequest, max_context: int, vocab_size: int) -> N
         raise ValueError(f"input_ids must be token ids in [0, {vocab_size})")
 
 
-def hits_stop(generated: list[int], stop_words: list[list[int]]) -> bool:
-    """True when the generated tokens end with one of the stop sequences (TensorRT-LLM semantics)."""
-    return any(len(w) <= len(generated) and generated[-len(w) :] == w for w in stop_words if w)
+def hits_stop(generated: list[int], stop_words: list[list[int]], before: list[int] | None = None) -> bool:
+    """True when the generated tokens end with one of the stop sequences (TensorRT-LLM semantics);
+    `before`: output of the request this one continues (GenerationRequest.stop_tail)."""
+    seen = before + generated if before else generated
+    return any(len(w) <= len(seen) and seen[-len(w) :] == w for w in stop_words if w)

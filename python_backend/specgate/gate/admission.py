@@ -6,7 +6,8 @@ refused as overloaded (the adapter answers UNAVAILABLE: HTTP 503), so a burst ca
 memory and waiting time without limit, and a client learns at once that it should back off.
 
     ticket = queue.enter()     # non-blocking: admitted or queued; Overloaded when the queue is full
-    queue.wait(ticket)         # on the serving thread: blocks until admitted; Overloaded on timeout
+    queue.wait(ticket, tick)   # on the serving thread: blocks until admitted; Overloaded on timeout;
+                               # tick() runs every TICK_S meanwhile (it may raise to give up the place)
     ...serve...
     queue.leave(ticket)        # always, once: frees the slot (to the next in line) or the place
 
@@ -23,6 +24,8 @@ from typing import Callable
 
 from specgate.gate.metrics import QUEUE_FULL, QUEUE_TIMEOUT, GateMetrics
 from specgate.gate.policy import AdmissionPolicy
+
+TICK_S = 0.2  # how often a queued request's `tick` runs
 
 
 class Overloaded(Exception):
@@ -74,8 +77,16 @@ class AdmissionQueue:
             self._metrics.queued(len(self._waiting))
         return ticket
 
-    def wait(self, ticket: Ticket) -> None:
-        if ticket.admitted or ticket.turn.wait(max(0.0, ticket.deadline - time.monotonic())):
+    def wait(self, ticket: Ticket, tick: Callable[[], None] = lambda: None) -> None:
+        """Until `ticket` is admitted. `tick` runs every TICK_S of the wait: a request queued here
+        still has a client to look after (the gate's heartbeats, by which it learns that the client
+        left); an exception from it ends the wait, and the caller's `leave` frees the place."""
+        while not ticket.admitted:
+            left_s = ticket.deadline - time.monotonic()
+            if left_s <= 0 or ticket.turn.wait(min(TICK_S, left_s)):
+                break
+            tick()
+        if ticket.admitted:
             return
         with self._lock:
             if ticket.admitted:  # admitted just as the wait timed out

@@ -4,7 +4,8 @@ Every `llm` response passes through the one postprocessing instance. Its call to
 request) used to run inside `execute`, with no timeout: a gate that did not answer stalled every
 response of every request. Here one thread sends the cancel messages, each bounded by a timeout,
 and `execute` only queues a key; a key already relayed is not sent again (a request's heartbeats
-keep arriving cancelled until the gate has stopped it).
+keep arriving cancelled until the gate has stopped it), unless its message failed (no answer in
+time, or the BLS call raised): then the next cancelled response of that request sends it again.
 """
 
 from __future__ import annotations
@@ -63,5 +64,7 @@ class CancelRelay:
                 for resp in batch:
                     if resp.has_error():
                         log.warning("spec_gate refused a cancellation: %s", resp.error().message())
-        except Exception as exc:  # EngineFailure (no answer in time) or the BLS call failed: the request runs to its end
-            log.warning("could not pass a cancellation on to spec_gate: %s", exc)
+        except Exception as exc:  # EngineFailure (no answer in time) or the BLS call failed
+            log.warning("could not pass a cancellation on to spec_gate (sent again with the request's next response): %s", exc)
+            with self._lock:
+                self._seen.pop(request_key, None)

@@ -27,8 +27,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING,
-    PARAM_REQUEST_KEY, engine_inputs,
+    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
+    PARAM_PING, PARAM_REQUEST_KEY, engine_inputs,
 )
 from specgate.errors import InvalidInput
 from specgate.gate import Decision
@@ -162,21 +162,25 @@ class EngineClient:
         already: int = 0,
         stream: bool | None = None,
         on_idle: Callable[[], None] | None = None,
+        movable: bool = True,
     ) -> SpecStats:
         """Run one engine request for the rest of `llm`'s max_tokens (`already` emitted), passing
         each response's new tokens on; returns the final stats. `on_idle` runs while the engine is
-        silent (bls.responses). Raises as the module doc says."""
+        silent (bls.responses). `movable` False: a request on spec_engine that the baseline cannot
+        take (its engine failed), not counted in `speculating`, so that it triggers no hand-over.
+        Raises as the module doc says."""
         remaining = llm.max_tokens - already
         stats = SpecStats()
         if remaining <= 0:
             return stats
         key = secrets.token_hex(8) if self.extensions else None
-        req = self._request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key)
+        req = self._request(engine, llm, d, ids, stops, remaining, llm.stream if stream is None else stream, key, already)
         speculative = engine == "spec_engine"
         stall_s = self.stall_timeout_s() if speculative else None
         probe = self._shared_ping(engine) if self.extensions else None
         handed_over = ended = False  # ended: the engine finished the request or cannot hear a stop
-        if speculative:
+        counted = speculative and movable
+        if counted:
             self._count_speculating(+1)
         try:
             for batch in responses(req, engine, stall_s, cancel, probe, on_idle):
@@ -184,6 +188,8 @@ class EngineClient:
                 for resp in batch:
                     if resp.has_error():
                         ended = True
+                        if tokens:  # what came before the error is output: a continuation starts after it
+                            on_tokens(tokens, stats)
                         err = resp.error()
                         code = err.code() if hasattr(err, "code") else None
                         if code == pb_utils.TritonError.INVALID_ARG:  # a refusal, not a failure
@@ -204,7 +210,7 @@ class EngineClient:
         except pb_utils.TritonModelException as exc:  # e.g. the engine is unloaded
             raise _failure(engine, str(exc)) from exc
         finally:
-            if speculative:
+            if counted:
                 self._count_speculating(-1)
             if not ended and key is not None:  # cancelled, stalled, or the gate failed: no one reads it
                 self._stopper.submit(self._stop, engine, key)
@@ -221,6 +227,8 @@ class EngineClient:
                 for resp in batch:
                     if resp.has_error():
                         raise EngineFailure(f"{engine} is not answering: {resp.error().message()}")
+        except Silent:  # alive or not, it is hung: as much "not answering" as a dead stub (a retry elsewhere may serve)
+            raise Silent(f"{engine} is not answering: no answer to a control message in {CONTROL_TIMEOUT_S:g} s") from None
         except pb_utils.TritonModelException as exc:
             raise EngineFailure(f"{engine} is not answering: {exc}") from exc
 
@@ -245,7 +253,8 @@ class EngineClient:
             self._handing_over.release()
 
     def _request(
-        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None
+        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None,
+        already: int,
     ) -> Any:
         arrays = engine_inputs(
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,
@@ -254,6 +263,8 @@ class EngineClient:
         params: dict[str, Any] = {}
         if key is not None:
             params[PARAM_REQUEST_KEY] = key
+        if already and stops is not None and self.extensions:  # a stop word may span the output so far
+            params[PARAM_CONTINUED] = already
         if engine == "spec_engine":
             params[PARAM_ALGORITHM] = d.algorithm
             if d.num_speculative_tokens is not None:  # else the engine's default for the algorithm

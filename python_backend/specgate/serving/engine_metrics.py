@@ -13,6 +13,7 @@ from typing import Any
 from specgate.contract import (
     ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_KV_METRIC, ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC, ENGINE_TOKENS_METRIC,
 )
+from specgate.cost_model.stream_pacer import Pace
 
 
 class EngineMetrics:
@@ -55,12 +56,12 @@ class EngineMetrics:
             if cancelled:
                 self._cancelled.increment(1)
 
-    def streaming(self, interval_ms: float, cost_ms: float | None) -> None:
-        """The pacer's interval and measured cost: at start and as each request ends."""
+    def streaming(self, pace: Pace) -> None:
+        """The pacer's interval and measured cost, from one fit: at start and as each request ends."""
         with self._lock:
-            self._interval.set(interval_ms / 1000)
-            if cost_ms is None:
+            self._interval.set(pace.interval_ms / 1000)
+            if pace.cost_ms is None:
                 return
             if self._response_cost is None:
                 self._response_cost = self._cost_family.Metric(labels={"model": self._model})
-            self._response_cost.set(cost_ms / 1000)
+            self._response_cost.set(pace.cost_ms / 1000)

@@ -21,7 +21,8 @@ import numpy as np
 
 from specgate.algorithms import ALGORITHMS
 from specgate.contract import (
-    PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY, VERIFY_COST_METRIC,
+    PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY,
+    VERIFY_COST_METRIC,
 )
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
@@ -50,8 +51,8 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.02
 
 
-def parse_engine_request(request: Any, cfg: EngineConfig) -> tuple[GenerationRequest, bool]:
-    """Contract tensors -> GenerationRequest (+ streaming flag). Raises InvalidInput."""
+def parse_engine_request(request: Any, cfg: EngineConfig, params: dict[str, Any] | None = None) -> tuple[GenerationRequest, bool]:
+    """Contract tensors and request parameters -> GenerationRequest (+ streaming flag). Raises InvalidInput."""
     ids = optional_array(request, "input_ids")
     if ids is None or ids.size == 0:
         raise InvalidInput("input_ids is empty")
@@ -73,12 +74,16 @@ def parse_engine_request(request: Any, cfg: EngineConfig) -> tuple[GenerationReq
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     end_id = optional_scalar(request, "end_id")
+    continued = (params or {}).get(PARAM_CONTINUED, 0)
+    if not isinstance(continued, int) or isinstance(continued, bool) or continued < 0:
+        raise InvalidInput(f"{PARAM_CONTINUED} must be a count of tokens (an integer >= 0), got {continued!r}")
     req = GenerationRequest(
         input_ids=[int(i) for i in ids.reshape(-1)],
         max_new_tokens=int(out_len),
         end_id=None if end_id is None else int(end_id),
         stop_words=[] if stops is None else parse_stop_words_list(stops),
         sampling=sampling,
+        continued=continued,
     )
     return req, bool(optional_scalar(request, "streaming") or False)
 
@@ -236,7 +241,7 @@ class EngineModel:
         self.runner = self.make_runner(self.cfg)
         self.pacer = StreamPacer(self.cfg.stream_cost_budget, self.cfg.stream_interval_ms)
         self.runner_target().on_decode = self.pacer.decoded
-        self.metrics.streaming(self.pacer.interval_ms, self.pacer.cost_ms)
+        self.metrics.streaming(self.pacer.pace)
         info = self.runner_target().info
         log.info(
             "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads, self.cfg.max_batch_size
@@ -259,7 +264,7 @@ class EngineModel:
                 self.key.check(params, self.name)  # InvalidInput for a caller that is not spec_gate
                 if self.control(params, sender):
                     continue
-                req, streaming = parse_engine_request(request, self.cfg)
+                req, streaming = parse_engine_request(request, self.cfg, params)
                 key = params.get(PARAM_REQUEST_KEY)
                 key = None if key is None else str(key)
                 stream = ResponseStream(sender, streaming, self.outbox, self.pacer, on_final=lambda s, ev, key=key: self._ended(s, ev, key))
@@ -304,7 +309,7 @@ class EngineModel:
         if key is not None:
             self.live.discard(key)
         self.metrics.ended(len(stream.tokens), final.cached_tokens, stream.cancelled)
-        self.metrics.streaming(self.pacer.interval_ms, self.pacer.cost_ms)
+        self.metrics.streaming(self.pacer.pace)
 
     def finalize(self) -> None:
         self.runner.shutdown()

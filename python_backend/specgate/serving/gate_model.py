@@ -8,7 +8,10 @@ to the engines and their control messages), `shadow` (mirrors), `client_stream` 
 
 Failure handling: if `spec_engine` fails or is unavailable, the request continues on
 `target_engine` from the tokens already streamed (prompt + emitted ids), so the client sees no
-error, and the failure is counted (repeated failures open the tenant's circuit).
+error, and the failure is counted (repeated failures open the tenant's circuit). If `target_engine`
+fails, the request continues the same way on `spec_engine`, which drafts only what pays (nothing,
+where verification is dear): one dead engine process loses no request. Only when both fail does
+the client get an error.
 
 Hand-over under load: when the load rule sends a request to the baseline while speculative
 requests are running, the gate asks spec_engine (CPU engines only) to hand them over; each then
@@ -58,6 +61,7 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger(__name__)
 
 FALLBACK = "spec_engine_failure"  # gate_reason when a speculative request finished on baseline
+TARGET_FALLBACK = "target_engine_failure"  # ... when a baseline request finished on spec_engine
 
 
 class _CancelFlag(threading.Event):
@@ -99,8 +103,9 @@ class GateModel:
                     self._cancel(params[PARAM_CANCEL])
                     sender.send(flags=FINAL)
                     continue
-                llm = parse_gate_request(request, params, self.max_output_len)
+                # the prompt's size first: it bounds the work of everything after
                 prompt, stops = prompt_ids(request, self.vocab_size, self.max_input_len), stop_words(request)
+                llm = parse_gate_request(request, params, self.max_output_len, prompt)
                 ticket = self.gate.admission.enter()
                 decision = self.gate.decide(llm)
                 self.pool.submit(self._serve, sender, llm, decision, prompt, stops, ticket)
@@ -131,10 +136,19 @@ class GateModel:
         out = ClientStream(sender, llm.stream, d.route, d.reason, key)
         cancel = _CancelFlag()
         self.live.add(str(key), cancel)
+
+        def queued() -> None:
+            """While queued for admission: a client that left gives up its place. The gate hears of it
+            through postprocessing, which looks at heartbeats: without them a departed client held its
+            place until admitted or timed out, and live clients were refused meanwhile."""
+            if cancel.is_set():
+                raise Cancelled()
+            out.heartbeat()
+
         try:
             try:
-                self.gate.admission.wait(ticket)
-            except Overloaded:
+                self.gate.admission.wait(ticket, queued)
+            except (Overloaded, Cancelled):
                 if d.shadow:
                     self.gate.end_shadow(d, None)  # its mirror never started
                 raise
@@ -180,16 +194,42 @@ class GateModel:
         self, out: ClientStream, cancel: threading.Event, llm: LLMRequest, d: Decision, prompt: list[int], stops: np.ndarray | None
     ) -> None:
         mirror = self.shadow.start(llm, d, prompt, stops, cancel) if d.shadow else None
-        served: list[int] | None = None  # what the mirror is compared with: nothing unless served at T=0
+        served: list[int] | None = None  # what the mirror is compared with: nothing unless served at T=0 on the baseline
         try:
-            self.engines.run("target_engine", llm, d, prompt, stops, out.send, cancel, on_idle=out.heartbeat)
-            served = out.ids if llm.temperature == 0 else None
-        except EngineFailure:
-            self.gate.record_failure(d, "baseline")
-            raise
+            try:
+                self.engines.run("target_engine", llm, d, prompt, stops, out.send, cancel, on_idle=out.heartbeat)
+                served = out.ids if llm.temperature == 0 else None
+            except EngineFailure as exc:
+                self.gate.record_failure(d, "baseline")
+                log.warning("target_engine failed, continuing on spec_engine: %s", exc)
+                self._continue_on_speculative(out, cancel, exc, llm, d, prompt, stops)
         finally:  # whatever ended the request, its mirror slot is freed once the mirror ends
             if mirror is not None:
                 self.shadow.end(d, mirror, served)
+
+    def _continue_on_speculative(
+        self, out: ClientStream, cancel: threading.Event, failure: EngineFailure, llm: LLMRequest, d: Decision, prompt: list[int],
+        stops: np.ndarray | None,
+    ) -> None:
+        """Finish on spec_engine a request whose target_engine failed, from the prompt plus the tokens
+        already streamed. Not a speculative sample: the breaker hears nothing of it. Nor is it
+        counted as speculating, so it triggers no hand-over to the baseline, and one that another
+        request triggered keeps it on spec_engine, the baseline being down; if spec_engine cannot
+        serve it either (it failed, or refused an algorithm it has not loaded), the client hears of
+        the baseline's failure, which is what went wrong first."""
+        out.route, out.reason = "speculative", TARGET_FALLBACK
+        while True:
+            try:
+                self.engines.run(
+                    "spec_engine", llm, d, prompt + out.ids, stops, out.send, cancel, already=len(out.ids), on_idle=out.heartbeat,
+                    movable=False,
+                )
+                return
+            except HandedOver:
+                continue
+            except (EngineRefused, EngineFailure) as exc:
+                log.warning("spec_engine could not finish it either: %s", exc)
+                raise failure from exc
 
     def _continue_on_baseline(
         self, out: ClientStream, cancel: threading.Event, reason: str, stats: SpecStats, llm: LLMRequest, d: Decision, prompt: list[int],

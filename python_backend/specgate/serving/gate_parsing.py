@@ -14,20 +14,21 @@ from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS
 from specgate.errors import InvalidInput
 from specgate.serving.llm_request import LLMRequest, content_digest, parse_llm_request
 from specgate.serving.triton_io import optional_array, optional_scalar
+from specgate.text.stop_words import parse_stop_words_list
 
 GATE_KNOBS = tuple(t for t in LLM_INPUTS if t.step == "spec_gate")
 
 
-def parse_gate_request(request: Any, params: dict[str, Any], max_output_len: int) -> LLMRequest:
-    """The request's knobs and headers (request parameters), validated; InvalidInput names the field."""
+def parse_gate_request(request: Any, params: dict[str, Any], max_output_len: int, prompt: list[int]) -> LLMRequest:
+    """The request's knobs and headers (request parameters), validated; InvalidInput names the field.
+    `prompt`: its token ids, checked first (`prompt_ids`): the canary's digest reads every one."""
     fields = {t.name: optional_scalar(request, t.name) for t in GATE_KNOBS}
     fields = {k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in fields.items()}
     fields["api_key"] = params.get(HEADER_API_KEY)
     header = params.get(HEADER_SPEC_MODE)
     fields["spec_header"] = None if header is None else str(header)
     fields["request_id"] = request.request_id() or ""
-    ids = optional_array(request, "input_ids")
-    fields["canary_key"] = content_digest([] if ids is None else [int(t) for t in ids.reshape(-1)], fields)
+    fields["canary_key"] = content_digest(prompt, fields)
     return parse_llm_request(fields, max_output_len)
 
 
@@ -54,9 +55,13 @@ def prompt_ids(request: Any, vocab_size: int | None, max_input_len: int) -> list
 
 
 def stop_words(request: Any) -> np.ndarray | None:
-    """preprocessing's [2, n] stop_words_list, or None when it holds no stop sequence."""
+    """preprocessing's [2, n] stop_words_list, or None when it holds no stop sequence; InvalidInput
+    past the bounds every model holds stop words to (a direct caller's: preprocessing keeps to them)."""
     arr = optional_array(request, "stop_words_list")
     if arr is None or arr.size < 2 or arr.size % 2:
         return None
     arr = arr.reshape(2, -1)
-    return arr if (arr[1] >= 0).any() else None
+    if not (arr[1] >= 0).any():
+        return None
+    parse_stop_words_list(arr)
+    return arr

@@ -14,6 +14,7 @@ from specgate.serving.engine_key import EngineKey
 from specgate.serving.parent_watch import watch_parent
 from specgate.serving.triton_io import FINAL, RequestedOutputsSender, coded_error_response, error_response, optional_array, optional_scalar, tensor
 from specgate.text.detokenizer import delta_text
+from specgate.text.stop_words import check_stop_strings
 from specgate.errors import InvalidInput
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -45,6 +46,7 @@ class PreprocessingModel:
             ids = self.tok.encode_prompt(text, chat=True if chat is None else bool(chat))
             stops_arr = optional_array(request, "stop")
             stops = [] if stops_arr is None else [self.tok.decode_utf8(s, "stop") for s in stops_arr.reshape(-1)]
+            check_stop_strings(stops)
         except InvalidInput as exc:
             return error_response(str(exc))
         return pb_utils.InferenceResponse(

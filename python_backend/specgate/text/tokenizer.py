@@ -38,6 +38,10 @@ class PromptTokenizer:
         # a special token is a string, or {"content": ...} in older configs
         self.special = {k: v["content"] if isinstance(v, dict) else v for k in SPECIAL_TOKENS if (v := config.get(k))}
         self.max_input_len = max_input_len
+        # No token covers more bytes of text than its own string has in UTF-8 (a byte-level token's
+        # string has a character per byte; SentencePiece's "<0x0A>" and "▁" have more): so a prompt of
+        # more bytes than this cannot fit in max_input_len tokens, and is refused before it is tokenized.
+        self.max_input_bytes = max_input_len * max(len(t.encode()) for t in self.tok.get_vocab(with_added_tokens=True))
 
     @property
     def eos_id(self) -> int:
@@ -78,10 +82,22 @@ class PromptTokenizer:
         """Token ids for `text`, wrapped as one user turn of the chat template unless `chat` is False."""
         if not text.strip():
             raise InvalidInput("text_input is empty")
-        ids = self.encode(self.render_chat([{"role": "user", "content": text}]) if chat else text)
+        self._check_bytes(text)  # before the template copies it
+        return self.encode_within_limit(self.render_chat([{"role": "user", "content": text}]) if chat else text)
+
+    def encode_within_limit(self, prompt: str) -> list[int]:
+        """`prompt` (rendered already) as token ids; InvalidInput if they are more than max_input_len,
+        and before tokenizing if its size alone says so: a huge prompt cost the tokenizer its whole size."""
+        self._check_bytes(prompt)
+        ids = self.encode(prompt)
         if len(ids) > self.max_input_len:
             raise InvalidInput(f"prompt is {len(ids)} tokens; the limit is {self.max_input_len} (context minus one output token)")
         return ids
+
+    def _check_bytes(self, text: str) -> None:
+        size = len(text.encode())
+        if size > self.max_input_bytes:
+            raise InvalidInput(f"prompt is {size} bytes, more than {self.max_input_len} tokens can hold; the limit is {self.max_input_len} tokens")
 
     def stop_words_list(self, stops: list[str]) -> np.ndarray:
         """`stops` in TensorRT-LLM's stop_words_list layout."""
