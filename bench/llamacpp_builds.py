@@ -3,7 +3,8 @@
 For `make setup`'s native build against the images' portable one (build/install_llamacpp.py,
 docs/deploy.md "The image"). Both builds' libraries carry the same names, so each is loaded into a
 link namespace of its own (dlmopen); the decode loop is the same code for both, a greedy token at a
-time with the engines' thread count, in exact mode (the served default) or upstream's kernels. Rounds
+time with the engines' thread count over repacked weights, in exact mode (the served default) or
+upstream's kernels. Rounds
 alternate the order (A B B A ...), so a slow spell of the machine falls on both.
 
     python -m bench.llamacpp_builds --a NATIVE_LIB_DIR --b PORTABLE_LIB_DIR [--rounds 20] [--tokens 64]
@@ -91,7 +92,7 @@ class Decoder:
     def __init__(self, build: Build, gguf: Path, threads: int, exact: bool) -> None:
         self.b, self.exact = build, exact
         mp = build.model_default_params()
-        mp.use_extra_bufts = not exact  # as the engines do (decoding/llamacpp_target.py)
+        mp.use_extra_bufts = True  # repacked weights (AMX, CPU repack), as the engines load them (decoding/llamacpp_target.py)
         self.model = build.load_model(str(gguf).encode(), mp)
         cp = build.context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 1024, 512, threads, threads
