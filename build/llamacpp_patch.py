@@ -18,7 +18,9 @@ whatever its size, and kernels that make that cheap:
 - AMX (ggml's own kernels for repacked Q4_0/Q4_1/Q8_0/K-quant weights, where the CPU has it): a
   one-line fix for GCC 12, whose `_tile_loadconfig` declares an 8-byte read of the 64-byte tile
   configuration, so the stores of its rows and columns were dropped as dead and the first tile load
-  raised SIGILL (the crash behind llama.cpp #20824 on this compiler). Its one-row (VNNI) and
+  raised SIGILL (the crash behind llama.cpp #20824 on this compiler); and the configuration is loaded
+  at every call, since another AMX user on the thread (PyTorch's oneDNN, the EAGLE head in bf16)
+  changes it between decodes (SIGILL again, seen here). Its one-row (VNNI) and
   many-row (AMX tile) kernels both reduce each block to an exact int32 sum and accumulate
   fma(sum, d_w * d_a, acc) in block order, so they agree bit for bit; the engines check that on
   their own model at load (decoding/llamacpp_target.py) before they keep repacked weights. Up to 8
@@ -186,10 +188,18 @@ EDITS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "src/ggml-cpu/amx/mmq.cpp",
-        "    _tile_loadconfig(&tc);\n",
+        "    _tile_loadconfig(&tc);\n    done = true;\n}\n",
         "    // specgate patch: GCC 12's _tile_loadconfig declares an 8-byte read of the config, so the stores of\n"
         "    // rows and colsb were dropped and the first tile load raised SIGILL; this asm reads all 64 bytes\n"
-        '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));\n',
+        '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));\n}\n',
+    ),
+    (
+        "src/ggml-cpu/amx/mmq.cpp",
+        "inline void ggml_tile_config_init(void) {\n    static thread_local bool done = false;\n\n    if (done) {\n        return;\n    }\n",
+        "inline void ggml_tile_config_init(void) {\n"
+        "    // specgate patch: configured at every call, not once per thread: another AMX user on the same\n"
+        "    // thread (PyTorch's oneDNN running the EAGLE head in bf16 between decodes) reconfigures the\n"
+        "    // tiles, and the next tile load under its configuration raised SIGILL\n",
     ),
 )
 

@@ -49,7 +49,7 @@ def measure(target: Target, slot: int, sizes: tuple[int, ...] = SIZES, context: 
     spreads over all of them; `slot` is left released.
 
     Each repetition also times a run of plain one-token decodes in a row (the steady graph of a bare
-    decode loop): the floor, which cost(1) must agree with (calibrate() below checks).
+    decode loop): the floor, recorded beside the curve.
 
     A repetition during which the rest of the machine computed (cost_model/quiet.py: the server's
     first request, the other engine) is repeated instead of counted, up to `reps` more times; past
@@ -106,10 +106,6 @@ class Proposer(Protocol):
     def accept(self, tree: DraftTree, path: list[int]) -> None: ...
 
 
-FLOOR_TOLERANCE = 0.15  # cost(1) may differ this much from the bare decode loop measured beside it
-ATTEMPTS = 3  # measurements of the curve, at most, until one agrees with its floor
-
-
 def time_drafter(target: Target, drafter: Proposer, k: int, context: int = 128, steps: int = 8, reps: int = 3, seed: int = 0) -> float:
     """Median drafting time of proposals of k nodes on a random context, per node or per step.
 
@@ -153,24 +149,12 @@ def time_drafter(target: Target, drafter: Proposer, k: int, context: int = 128, 
     return statistics.median(ms for _, times in counted for ms in times)
 
 
-def measure_checked(target: Target, sizes: tuple[int, ...] | None = None) -> CostCurve:
-    """The curve, measured again (up to ATTEMPTS times) until its cost(1) agrees with the bare decode
-    loop measured beside it; the closest attempt otherwise, with a warning. Disagreement means the
-    machine was busy with something else during part of the measurement."""
-    best: CostCurve | None = None
-    for attempt in range(ATTEMPTS):
-        curve = measure(target, slot=0) if sizes is None else measure(target, slot=0, sizes=sizes)
-        error = abs(curve.ms[0] / curve.floor_ms - 1)
-        if best is None or error < abs(best.ms[0] / best.floor_ms - 1):
-            best = curve
-        if error <= FLOOR_TOLERANCE:
-            return curve
-        log.info("cost(1) %.2f ms is %.0f%% from the bare decode loop's %.2f ms (attempt %d): measuring again",
-                 curve.ms[0], 100 * error, curve.floor_ms, attempt + 1)
-    assert best is not None
-    log.warning("cost(1) %.2f ms stays %.0f%% from the bare decode loop's %.2f ms: the machine was busy; serving will correct the curve",
-                best.ms[0], 100 * abs(best.ms[0] / best.floor_ms - 1), best.floor_ms)
-    return best
+def measure_quiet(target: Target, sizes: tuple[int, ...] = SIZES) -> CostCurve:
+    """The curve on slot 0, with a warning where the rest of the machine never let it measure quietly."""
+    curve = measure(target, slot=0, sizes=sizes)
+    if curve.others is not None and curve.others > MAX_OTHERS:
+        log.warning("others took up to %.0f%% of the machine while the curve was measured: serving rescales it", 100 * curve.others)
+    return curve
 
 
 def calibrate(
@@ -186,10 +170,10 @@ def calibrate(
         busy = wait_until_idle(timeout_s=idle_timeout_s)
         log.info("calibrating after %.0f s (machine %.0f%% busy)", time.perf_counter() - start, 100 * busy)
     if override.cost_ratios:
-        base_ms = override.base_ms if override.base_ms is not None else measure_checked(target, sizes=(1,)).ms[0]
+        base_ms = override.base_ms if override.base_ms is not None else measure_quiet(target, sizes=(1,)).ms[0]
         curve = CostCurve.of_ratios(override.cost_ratios, base_ms=base_ms)
     else:
-        curve = measure_checked(target)
+        curve = measure_quiet(target)
     draft_ms = {
         name: override.draft_ms[name] if name in override.draft_ms else time_drafter(target, d, ALGORITHMS[name].default_k)
         for name, d in drafters.items()
