@@ -8,6 +8,8 @@ DTYPE ?= auto
 SPEC ?= build/specs/smollm2-eagle.yaml
 SMOKE_SPEC ?= build/specs/smollm2-ngram.yaml
 STAMP := $(VENV)/.installed
+# the optional dependencies make setup installs (the image's: none)
+EXTRAS ?= dev
 
 SOAK_S ?= 600
 
@@ -15,16 +17,16 @@ SCENARIO ?= all
 USERS ?= 4
 DURATION ?= 60s
 
-.PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-gate bench-batching bench-front bench-report loadtest train-eagle gpu-smoke clean
+.PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 	@PATH="$$PATH:/usr/sbin" command -v haproxy >/dev/null && command -v prometheus >/dev/null || \
 	  echo "[setup] make serve REPLICAS=N and its tests need HAProxy and Prometheus: apt-get install haproxy prometheus (as root)"
 
-$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py
+$(STAMP): pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py $(wildcard build/llamacpp_kernels/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[dev]'
+	$(VPY) -m pip install --quiet -e '.$(if $(EXTRAS),[$(EXTRAS)])'
 	$(VPY) build/install_llamacpp.py
 	@touch $(STAMP)
 
@@ -32,14 +34,14 @@ build-engines: setup  ## ENGINE=cpu (default, llama.cpp; MODEL=any chat GGUF, DR
 ifeq ($(ENGINE),trtllm)
 	$(VPY) -m build.build_engines --engine trtllm --spec $(SPEC) $(if $(DRY_RUN),--dry-run)
 else
-	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(filter 0 false no,$(EXACT)),--no-exact) $(if $(STREAM_INTERVAL_MS),--stream-interval-ms $(STREAM_INTERVAL_MS)) $(if $(STREAM_COST_BUDGET),--stream-cost-budget $(STREAM_COST_BUDGET))
+	$(VPY) -m build.build_engines --engine $(ENGINE) --dtype $(DTYPE) $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT),--draft $(DRAFT)) $(if $(filter 0 false no,$(EXACT)),--no-exact) $(if $(STREAM_INTERVAL_MS),--stream-interval-ms $(STREAM_INTERVAL_MS)) $(if $(STREAM_COST_BUDGET),--stream-cost-budget $(STREAM_COST_BUDGET)) $(if $(CALIBRATION_PATH),--calibration-path $(CALIBRATION_PATH))
 endif
 
 serve: build-engines  ## start tritonserver on :8000 (HTTP) :8001 (gRPC) :8002 (metrics) and the OpenAI-compatible front on :9000 (FRONT_PORT=); REPLICAS=N: N of them behind HAProxy with a Prometheus (docs/deploy.md)
 ifdef REPLICAS
 	$(VPY) -m specgate_deploy --replicas $(REPLICAS)
 else
-	$(VPY) -m specgate_launcher
+	$(VPY) -m specgate_deploy.serve
 endif
 
 test: build-engines  ## unit + sweeps + integration tests (starts its own tritonserver on ports 18000-18002); PYTEST_ARGS= passes more
@@ -57,6 +59,9 @@ bench-baseline: build-engines  ## engine in-process vs through Triton vs transfo
 bench-engine: build-engines  ## speculative algorithms: acceptance, accepted/step, TPOT, speedup, memory
 	$(VPY) -m bench.engine
 
+bench-curve: build-engines  ## the verification cost curve: exact mode's kernels against the earlier exact mode's and upstream's, alternated in one process
+	$(VPY) -m bench.curve
+
 bench-gate: build-engines  ## gate decision latency and end-to-end overhead
 	$(VPY) -m bench.gate
 
@@ -69,7 +74,7 @@ bench-front: build-engines  ## TPOT through the OpenAI-compatible front vs llm o
 bench-report: build-engines  ## concurrency sweep through a real server + one Markdown/PNG report of all results
 	$(VPY) -m bench.report
 
-bench: bench-baseline bench-engine bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
+bench: bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
 
 loadtest: setup  ## Locust against a running server (make serve): SCENARIO=all|baseline|speculative|gated|mixed-temperature USERS= DURATION=
 	$(VPY) -m loadtest.run --scenario $(SCENARIO) --users $(USERS) --duration $(DURATION)
@@ -77,6 +82,12 @@ loadtest: setup  ## Locust against a running server (make serve): SCENARIO=all|b
 train-eagle: build-engines  ## train the EAGLE head on CPU (resumes; never run in CI)
 	$(VPY) -m pip install --quiet -e '.[train]'
 	$(VPY) -m build.train_eagle $(TRAIN_ARGS)
+
+image:  ## the CPU image (deploy/Dockerfile), built with podman from Debian's packages (no registry); prints its size and build time. Needs podman (as root once: python3 build/image.py setup)
+	$(PY) build/image.py build
+
+image-test:  ## make image, then run it read-only as the pod does, on IMAGE_TEST_PORT=48000 (HTTP; +1 gRPC, +2 metrics, +9 front), talk to it, stop it
+	$(PY) build/image_test.py
 
 gpu-smoke:  ## on a GPU machine with TensorRT-LLM (see docs/trtllm.md); never run here
 	$(VPY) -m build.gpu_smoke --spec $(SMOKE_SPEC)

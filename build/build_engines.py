@@ -70,7 +70,7 @@ def build_cpu(args: argparse.Namespace) -> None:
     target_cfg.write_text(EngineConfig.model_validate({**common, "max_batch_size": args.max_batch_size}).model_dump_json(indent=2))
     if head is None and args.model is None:
         print(f"[build-engines] warning: no EAGLE head in {HEAD_DIR}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)", flush=True)
-    calibration = eng_dir / "calibration.json"
+    calibration = (args.calibration_path or eng_dir / "calibration.json").resolve()
     calibration.unlink(missing_ok=True)  # another model's: the gate waits for spec_engine to publish this one's
     spec = EngineConfig.model_validate({
         **common,
@@ -127,6 +127,8 @@ def main() -> None:
                          "(default: each engine measures what a response costs it and streams within --stream-cost-budget)")
     ap.add_argument("--stream-cost-budget", type=float, default=EngineConfig.model_fields["stream_cost_budget"].default,
                     help="the share of decode time streamed responses may cost, where the interval is measured")
+    ap.add_argument("--calibration-path", type=Path, default=None,
+                    help="where spec_engine publishes its calibration and the gate reads it (default: beside the engine configs)")
     ap.add_argument("--calibration-override", default=None, help="JSON of specgate.decoding.config.CalibrationOverride: measurements spec_engine pins (tests)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)

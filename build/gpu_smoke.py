@@ -136,7 +136,7 @@ def main() -> None:
     out = (args.artifacts / "gpu-smoke").resolve()
     build(spec, args.artifacts, out, ROOT / "policy" / "default.yaml", args.trtllm_examples, args.trtllm_python, args.dry_run)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    cmd = server_command(out / "model_repository", ports, spec.parallel.gpus)
+    cmd = server_command(out / "model_repository", ports, spec.parallel)
     env = server_env(ROOT)
     ensure_secret(ENGINE_SECRET)
     print("[gpu-smoke] server: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(cmd), flush=True)

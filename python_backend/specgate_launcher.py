@@ -11,15 +11,15 @@ value is artifacts/secrets/admin.key; inference, health, metadata and metrics st
 models answer only requests that carry artifacts/secrets/engine.key (serving/engine_key.py), which
 the models read from the file the server's environment names.
 
-`main` (`make serve`) supervises them as one replica (specgate_deploy.replica): a tritonserver that
-dies is restarted. Nothing outlives the launcher: tritonserver and the front die with it
-(PR_SET_PDEATHSIG, also when it is killed with SIGKILL), SIGHUP and SIGTERM drain and stop them like
-Ctrl-C, and each stub exits when tritonserver dies (serving/parent_watch.py).
+What starts them here is the bottom of `make serve` (specgate_deploy.serve), of the replicas and of the
+container (specgate_deploy), and of the benchmarks' and tests' servers: it imports none of them.
+Nothing outlives the process that started them: tritonserver and the front die with it
+(PR_SET_PDEATHSIG, also when it is killed with SIGKILL), and each stub exits when tritonserver dies
+(serving/parent_watch.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import re
@@ -224,12 +224,17 @@ def wait_calibrated(repo: Path, timeout_s: float = 300) -> Path | None:
     return published
 
 
+def ensure_secrets() -> None:
+    """The server's three keys, made where missing (the first start), kept afterwards."""
+    for secret in (LABEL_SECRET, ADMIN_SECRET, ENGINE_SECRET):
+        ensure_secret(secret)
+
+
 def start(
     repo: Path, ports: Ports, log_file: Path | None = None, extra: list[str] | None = None, admin_header: str = ADMIN_HEADER
 ) -> subprocess.Popen:
     backends = backend_dir(ROOT / "artifacts" / "triton_backends")
-    for secret in (LABEL_SECRET, ADMIN_SECRET, ENGINE_SECRET):
-        ensure_secret(secret)
+    ensure_secrets()
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(
         command(repo, ports, backends, admin_header, extra), env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,
@@ -266,7 +271,7 @@ def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
     """The OpenAI-compatible front on `ports.front`, a client of the Triton gRPC port `ports.grpc`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
-    cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}"]
+    cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}", "--http-url", f"localhost:{ports.http}"]
     out = open(log_file, "w") if log_file else None
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=die_with(os.getpid()))
 
@@ -297,77 +302,3 @@ def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
-
-
-def main() -> None:
-    """`make serve`: one replica (specgate_deploy.replica) on the public ports, supervised like each of
-    `make serve REPLICAS=N`'s: a tritonserver that dies is restarted. Triton 2.51's Python backend can
-    abort the whole server when a stub dies in the middle of its shared-memory IPC (docs/robustness.md,
-    "Limits"), so a dead engine process must not leave the user without a server."""
-    from specgate_deploy.replica import DRAIN_S, Replica  # it imports this module
-
-    ap = argparse.ArgumentParser(description="Serve the rendered model repository with tritonserver, and the OpenAI-compatible front.")
-    ap.add_argument("--model-repository", type=Path, default=ROOT / "artifacts" / "model_repository")
-    ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
-    ap.add_argument("--front-port", type=int, default=int(os.environ.get("FRONT_PORT", 9000)))
-    ap.add_argument("--admin-header", default=os.environ.get("ADMIN_HEADER", ADMIN_HEADER),
-                    help=f"header the control APIs ({', '.join(RESTRICTED_APIS)}) require; its value is {ADMIN_SECRET.relative_to(ROOT)}")
-    ap.add_argument("--drain-s", type=int, default=int(os.environ.get("DRAIN_S", DRAIN_S)),
-                    help="on Ctrl-C or SIGTERM, how long the requests in flight may take to finish")
-    ap.add_argument("--log-dir", type=Path, default=ROOT / "artifacts" / "logs")
-    args = ap.parse_args()
-    if not (args.model_repository / "llm" / "config.pbtxt").exists():
-        raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port, args.front_port)
-    replica = Replica("serve", ports, args.model_repository, args.log_dir, args.drain_s, args.admin_header)
-    log = replica.server_log
-    stopping = False
-
-    def request_stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    # Ctrl-C, SIGTERM (a supervisor) and SIGHUP (a closed terminal) all drain and stop
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, request_stop)
-    code = 0
-    replica.start()
-    print(f"[serve] starting tritonserver (pid {replica.server.pid}, log {log}); loading models ...", flush=True)
-    announced = False
-    try:
-        while not stopping:
-            replica.poll()
-            if replica.failed_to_start or replica.status == "failed":  # the first start, or every restart since, never got ready
-                print(replica.log_tail(), flush=True)
-                print(f"[serve] tritonserver exited with code {replica.server.returncode} before it was ready (log above: {log})", flush=True)
-                code = replica.server.returncode or 1
-                break
-            if replica.status == "ready" and not announced:
-                wait_front_ready(replica.front, ports)  # started once tritonserver was ready
-                announced = True
-                print(
-                    f"[serve] ready\n"
-                    f"  HTTP     http://localhost:{ports.http}/v2/models/llm/generate  (and generate_stream)\n"
-                    f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
-                    f"  metrics  http://localhost:{ports.metrics}/metrics\n"
-                    f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
-                    f"  control  {', '.join(RESTRICTED_APIS)} APIs need the contents of {ADMIN_SECRET.relative_to(ROOT)}\n"
-                    f"           in the header {args.admin_header} (HTTP) or {GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
-                    f"  logs     {log}, {replica.front_log.name} (the logs of earlier runs, once restarted: .log.1, .log.2, ...)\n"
-                    f"  try:     python clients/generate.py 'Hello!' --stream\n"
-                    f"A tritonserver that dies or loses a stub is restarted (a dead spec_engine is reloaded). Ctrl-C stops the server and the front.",
-                    flush=True,
-                )
-            time.sleep(1)
-        else:
-            print(f"\n[serve] stopping (requests in flight get up to {args.drain_s} s) ...", flush=True)
-    finally:
-        replica.begin_drain()
-        replica.finish_drain(time.monotonic() + args.drain_s + 5)
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -34,6 +34,16 @@ class Algorithm:
     def prior(self, context: int) -> float:
         return self.prior_by_context[context - 1] if 0 < context <= len(self.prior_by_context) else self.prior_acceptance
 
+    def depth(self, nodes: int) -> int:
+        """The deepest draft position `nodes` nodes reach: all of them in a chain, at most `max_depth`
+        in a tree (whose extra nodes add candidates at each depth instead)."""
+        return nodes if self.max_depth is None else min(nodes, self.max_depth)
+
+    @property
+    def default_depth(self) -> int:
+        """The deepest position a draft of the default k reaches."""
+        return self.depth(self.default_k)
+
 
 EAGLE2_DEPTH = 5
 

@@ -6,6 +6,7 @@ runs at very different speeds (and with different cost curves) on different CPUs
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from functools import lru_cache
@@ -66,7 +67,54 @@ def wait_until_idle(max_busy: float = 0.1, window_s: float = 1.0, timeout_s: flo
             return busy
 
 
+def cpu_quota(cgroups: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPUs per period this process's cgroup may use (a container's CPU limit), or None if unlimited.
+
+    A pod's container sees every core of its node in its affinity mask, whatever its limit, and unless
+    the pod is Guaranteed with whole CPUs it is never pinned; threads beyond the quota only wait for
+    it. cgroup v2: `cpu.max` ("200000 100000"; "max ..." is none) of this process's cgroup and of each
+    above it, the smallest; v1 (and hybrid hosts, where the cpu controller is v1's): cpu.cfs_quota_us /
+    cpu.cfs_period_us of the cpu hierarchy (-1: none). A cgroup path not under the mount (no cgroup
+    namespace) reads the mount's own root, the container's cgroup.
+    """
+    try:
+        lines = [line.split(":", 2) for line in own.read_text().splitlines()]
+    except OSError:
+        return None
+    v1 = next((path for _, ctrls, path in lines if "cpu" in ctrls.split(",")), None)
+    if v1 is not None:
+        mount = next((d for d in cgroups.glob("*") if "cpu" in d.name.split(",") and d.is_dir()), None)
+        if mount is None:
+            return None
+        folder = mount / v1.lstrip("/") if (mount / v1.lstrip("/")).is_dir() else mount
+        try:
+            quota, period = int((folder / "cpu.cfs_quota_us").read_text()), int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            return None
+        return quota / period if quota > 0 and period > 0 else None
+    v2 = next((path for hid, ctrls, path in lines if hid == "0" and not ctrls), None)
+    if v2 is None:
+        return None
+    folder = cgroups / v2.lstrip("/") if (cgroups / v2.lstrip("/")).is_dir() else cgroups
+    limits = []
+    for d in (folder, *folder.parents):
+        if not d.is_relative_to(cgroups):
+            break
+        try:
+            quota, period = (d / "cpu.max").read_text().split()
+        except (OSError, ValueError):
+            continue
+        if quota != "max":
+            limits.append(int(quota) / int(period))
+    return min(limits, default=None)
+
+
+def usable_cores(affinity: int, quota: float | None) -> int:
+    """Threads worth running: the cores this process may run on, at most its CPU quota rounded up."""
+    return max(1, min(affinity, math.ceil(quota))) if quota else affinity
+
+
 @lru_cache(maxsize=1)
 def machine() -> Machine:
     model, flags = _cpuinfo()
-    return Machine(cpu_model=model, cores=len(os.sched_getaffinity(0)), isa={f: f in flags for f in ISA_FLAGS})
+    return Machine(cpu_model=model, cores=usable_cores(len(os.sched_getaffinity(0)), cpu_quota()), isa={f: f in flags for f in ISA_FLAGS})

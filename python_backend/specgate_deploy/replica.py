@@ -31,8 +31,11 @@ from specgate_deploy.state import PortSet, ReplicaRecord, ReplicaStatus
 # The longest request the shipped policy lets run: a 1024-token generation at about 10 ms a token on
 # these CPUs (docs/loadtest.md), behind up to 30 s in the gate's queue (admission.queue_timeout_s).
 DRAIN_S = 60
+EXIT_S = 5  # after the drain, tritonserver's own exit
+KILL_S = 5  # a server still there (or stopped as unable to serve): SIGINT to its group, SIGKILL after this
 FRONT_STOP_S = 10  # the front's own graceful stop, after tritonserver has gone
 HEALTH_INTERVAL_S = 5.0  # between two looks at a ready server's models; a fault must be seen twice
+LOOK_TIMEOUT_S = 5.0  # one look: the repository index's answer (then the engines' pings, health.PING_TIMEOUT_S)
 # A restarted server that dies again before it is ready (a port still taken, a broken file) would die
 # the same way at once: the next try waits BACKOFF_S, then twice that, ... up to MAX_BACKOFF_S, and
 # after MAX_FAILURES such deaths in a row the replica is given up ("failed"). One that became ready
@@ -40,6 +43,12 @@ HEALTH_INTERVAL_S = 5.0  # between two looks at a ready server's models; a fault
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 MAX_FAILURES = 8
+
+
+def worst_stop_s(drain_s: float) -> float:
+    """The longest finish_drain takes after begin_drain: the drain and tritonserver's exit, its kill,
+    the front's stop, each waited out in turn (a pod's grace period covers this: pod.worst_stop_s)."""
+    return drain_s + EXIT_S + KILL_S + FRONT_STOP_S
 
 
 def replica_ports(base: int, index: int) -> launcher.Ports:
@@ -153,7 +162,7 @@ class Replica:
         return False
 
     def _restart(self) -> None:
-        launcher.stop(self.server, timeout_s=5)  # and its stubs, which a killed server leaves behind
+        launcher.stop(self.server, timeout_s=KILL_S)  # and its stubs, which a killed server leaves behind
         if not self.restart_on_exit:  # the server's end is the container's, and the kubelet's to restart
             return
         self._failures = self._failures + 1 if self.status == "restarting" else 0
@@ -185,7 +194,7 @@ class Replica:
             return False
         self._last_look = now
         headers = launcher.admin_headers(self.admin_header)
-        index = health.repository_index(self.ports.http, headers)
+        index = health.repository_index(self.ports.http, headers, LOOK_TIMEOUT_S)
         fault = None if index is None else self._health.verdict(index, health.live_stubs(self.server.pid), now) or self._hung(index)
         seen_before, self._suspect = self._suspect, fault
         if fault is None or seen_before is None:
@@ -236,7 +245,7 @@ class Replica:
                 self.server.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 print(f"[replicas] {self.name}: requests still running after the drain period; stopping them", flush=True)
-            launcher.stop(self.server, timeout_s=5)
+            launcher.stop(self.server, timeout_s=KILL_S)
         if self.front is not None:
             launcher.stop(self.front, timeout_s=FRONT_STOP_S)
         self.status = "stopped"
@@ -249,7 +258,7 @@ class Replica:
 
 def drain_all(replicas: list[Replica], drain_s: float) -> None:
     """Drain every replica at once: all stop taking traffic together, then each finishes its requests."""
-    deadline = time.monotonic() + drain_s + 5  # tritonserver's own exit timeout, and time to exit
+    deadline = time.monotonic() + drain_s + EXIT_S
     for r in replicas:
         r.begin_drain()
     for r in replicas:

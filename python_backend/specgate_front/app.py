@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
+"""The OpenAI-compatible HTTP API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`;
+and `GET /health/ready`, the replica's readiness (Triton ready, the front answering, a calibration).
 
 A thin client of Triton: each request becomes one `llm` call over gRPC streaming (front/triton.py);
 `x-api-key` and `x-speculative-decoding` become gRPC headers, which the gate reads. Every response
@@ -25,7 +26,7 @@ from specgate_front import errors
 from specgate_front.body_limit import BodyLimit
 from specgate_front.completion import complete
 from specgate_front.formats import ChatFormat, TextFormat
-from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList
+from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList, Readiness
 from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
 log = logging.getLogger("specgate_front")
@@ -33,13 +34,14 @@ log = logging.getLogger("specgate_front")
 ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 502: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
 
-def create_app(grpc_url: str, model: str = LLM_MODEL) -> FastAPI:
-    """The front for the `model` ensemble of the Triton server at `grpc_url` (host:port)."""
+def create_app(grpc_url: str, model: str = LLM_MODEL, http_url: str | None = None) -> FastAPI:
+    """The front for the `model` ensemble of the Triton server at `grpc_url` (host:port); `http_url`,
+    the same server's HTTP endpoint, is what /health/ready asks first."""
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.triton = triton = Triton(grpc_url, model)  # in the server's event loop, as its asyncio channel must be
+        app.state.triton = triton = Triton(grpc_url, model, http_url)  # in the server's event loop, as its asyncio channel must be
         try:
             await triton.tokenizer()  # load it now, not on the first request, if Triton is up
         except BackendError as exc:
@@ -58,6 +60,11 @@ def create_app(grpc_url: str, model: str = LLM_MODEL) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[Model(id=model, created=started)])
+
+    @app.get("/health/ready", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def ready(request: Request) -> Response:
+        reason = await request.app.state.triton.not_ready()
+        return Response(Readiness(ready=reason is None, reason=reason).model_dump_json(), status_code=200 if reason is None else 503, media_type="application/json")
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

@@ -225,3 +225,10 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+class Readiness(BaseModel):
+    """GET /health/ready: may this replica take traffic (the pod's readiness probe)."""
+
+    ready: bool
+    reason: str | None = None  # why not

@@ -11,7 +11,9 @@ import asyncio
 import logging
 import re
 import time
+import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import grpc
@@ -26,6 +28,7 @@ log = logging.getLogger("specgate_front")
 
 LLM_MODEL = "llm"
 PREPROCESSING_MODEL = "preprocessing"  # its config names the tokenizer
+GATE_MODEL = "spec_gate"  # its config names spec_engine's published calibration
 
 # How the models' errors reach a gRPC stream client: Triton 2.51 sends only the message (prefixed with
 # the ensemble), not the status code. Every model answers a client mistake with INVALID_ARG; the
@@ -83,8 +86,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError, url: str) -> BackendError:
 class Triton:
     """One gRPC channel to Triton, shared by every request, and the served model's tokenizer."""
 
-    def __init__(self, url: str, model: str = LLM_MODEL) -> None:
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str = LLM_MODEL, http_url: str | None = None) -> None:
+        self.url, self.model, self.http_url = url, model, http_url
         self.client = grpcaio.InferenceServerClient(url)
         self._tokenizer: PromptTokenizer | None = None
         self._tokenizer_lock = asyncio.Lock()
@@ -106,6 +109,37 @@ class Triton:
                 self._tokenizer = await run_in_threadpool(PromptTokenizer, path, max_input_len)
                 log.info("tokenizer from %s", path)
         return self._tokenizer
+
+    async def not_ready(self) -> str | None:
+        """Why this server should take no traffic yet, or None: tritonserver not ready (loading, or
+        draining after SIGTERM), the model not ready, or no calibration published by spec_engine, which
+        measures the machine after it loads and would measure the traffic too (a pinned calibration is
+        published at once). The file is the one the gate reads, on the file system the front shares.
+
+        Triton's readiness is asked over HTTP where the front knows the port: a draining tritonserver
+        closes its HTTP port at once, while its gRPC ServerReady answers true until it exits (seen on
+        2.51: 10 s into a drain)."""
+        if self.http_url is not None and not await run_in_threadpool(self._http_ready):
+            return f"tritonserver at {self.http_url} is not ready"
+        try:
+            if not await self.client.is_server_ready():
+                return f"tritonserver at {self.url} is not ready"
+            if not await self.client.is_model_ready(self.model):
+                return f"model {self.model!r} is not ready"
+            config = await self.client.get_model_config(GATE_MODEL, as_json=True)
+        except InferenceServerException as exc:
+            return f"Triton at {self.url} is unavailable: {exc.message()}"
+        path = config["config"]["parameters"].get("calibration_path", {}).get("string_value")  # none on tensorrtllm engines
+        if path and not Path(path).exists():
+            return f"spec_engine has published no calibration yet ({path})"
+        return None
+
+    def _http_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:  # refused, reset, timed out, or an HTTP error status
+            return False
 
     async def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The model's chat template over `messages`, ending with the assistant's turn, and its length

@@ -7,6 +7,7 @@ breaker) with fp32 engines; the speculative default there is n-gram, which needs
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import time
 import uuid
@@ -20,7 +21,7 @@ from loadtest.metrics import delta, delta_by, scrape, value
 from specgate_client import GenerateParams, ServerError, collect
 from specgate.contract import SPEC_ALGORITHMS
 from specgate.gate.tenants import hash_key
-from tests.conftest import TEST_KEYS, TEST_OUT, TEST_POLICY
+from tests.conftest import COMPUTE_LOCK, TEST_KEYS, TEST_OUT, TEST_POLICY
 
 GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)
 # The gate looks at its policy and key files when a request arrives, at most once a second
@@ -282,14 +283,17 @@ def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
     Triton 2.51's generate endpoints send 400 for any model error and gRPC streams carry no status,
     so clients see the "overloaded:" message (docs/gate.md, 'Admission'). The 400s pin what 2.51
     does: an upgrade that maps the code to 503 fails here, and the docs need updating."""
-    long = GenerateParams(max_tokens=600)  # greedy, this prompt loops: the slot is held for seconds
+    long = GenerateParams(max_tokens=600)  # greedy, this prompt loops
     short = GenerateParams(max_tokens=4)
     body = {"text_input": PROMPT, "max_tokens": 4}
     with live_policy(lambda p: p.update(admission={"max_concurrent": 1, "max_queued": 1, "queue_timeout_s": 2})):
         before = scrape(server.metrics)
         holder = grpc.stream("Repeat the word 'apple' one thousand times.", long, spec_mode="off")
         next(holder)  # it is being served
-        with ThreadPoolExecutor(1) as ex:
+        # Its decodes wait on the engines' compute lock while the test holds it, so it keeps the slot
+        # past the queue timeout however fast this machine decodes (600 tokens took 2 s on an AMX Xeon).
+        with ThreadPoolExecutor(1) as ex, open(COMPUTE_LOCK, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             queued = ex.submit(http.generate, PROMPT, short)
             time.sleep(0.5)  # it waits in the queue
             t0 = time.monotonic()
@@ -300,6 +304,7 @@ def test_overload_is_refused_as_unavailable_and_counted(http, grpc, server):
             refused_in = time.monotonic() - t0
             with pytest.raises(ServerError) as timed_out:
                 queued.result(timeout=60)
+            fcntl.flock(lock, fcntl.LOCK_UN)
         rest = list(holder)
         after = scrape(server.metrics)
     assert refused_in < 2.5  # at once, not after the queue timeout

@@ -1,20 +1,26 @@
 """Exact mode of the llama.cpp target: a token's logits are bit-identical whatever its decode holds.
 
-The same token after the same prefix is decoded alone, as the root of a verified chain of 2, 8 and
-16 tokens, and beside the next tokens of 7 other sequences; its logits must be equal bit for bit,
-below and above 512 cache cells (where upstream's one-token decodes switch to a split-KV attention).
-A negative control shows the probe sees the difference exact mode removes.
+The same token after the same prefix is decoded alone, as the root of a verified chain of 2, 8, 16
+and 64 tokens, and beside the next tokens of 7 other sequences; its logits must be equal bit for
+bit, below and above 512 cache cells (where upstream's one-token decodes switch to a split-KV
+attention), and every token of a 64-token verification must match its one-at-a-time decode (64
+queries: upstream's tiled attention). For every format the patch's tile kernels cover (the shipped
+Q4_1, and Q4_0 and Q8_0 made from it), with the tile kernels and with the per-row kernels of the
+earlier exact mode. A negative control shows the probe sees the difference exact mode removes.
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
+from specgate.decoding.llamacpp_native import native
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.decoding.tree import DraftTree
+from tests.conftest import TEST_OUT
 
 MAX_CONTEXT = 1024
 X = 1234  # the token whose logits are compared
@@ -50,24 +56,69 @@ def _in_a_batch(target: LlamaCppTarget, prefix: list[int]) -> torch.Tensor:
     return out
 
 
-@pytest.fixture(scope="module")
-def exact_targets(gguf) -> tuple[LlamaCppTarget, LlamaCppTarget]:  # noqa: ANN001
-    """(one that verifies trees, one that batches 8 sequences), both exact."""
-    return (
-        LlamaCppTarget(gguf, MAX_CONTEXT, num_slots=1, threads=2, tree_nodes=16, exact=True),
-        LlamaCppTarget(gguf, MAX_CONTEXT, num_slots=8, threads=2, exact=True),
+def quantized(gguf: Path, ftype: str) -> Path:
+    """The shipped GGUF requantized to `ftype` (Q4_0 or Q8_0) by llama.cpp, once per test run's artifacts."""
+    import llama_cpp
+
+    out = TEST_OUT / f"{gguf.stem}.{ftype}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+        params.allow_requantize = True
+        tmp = out.with_suffix(".tmp")
+        if llama_cpp.llama_model_quantize(str(gguf).encode(), str(tmp).encode(), params) != 0:
+            pytest.fail(f"llama_model_quantize could not make {ftype} from {gguf}")
+        tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=["Q4_1", "Q4_0", "Q8_0"])
+def exact_targets(gguf, request) -> tuple[LlamaCppTarget, LlamaCppTarget]:  # noqa: ANN001
+    """(one that verifies trees, one that batches 8 sequences), both exact, on the shipped file or
+    one made from it."""
+    path = gguf if request.param == "Q4_1" else quantized(gguf, request.param)
+    targets = (
+        LlamaCppTarget(path, MAX_CONTEXT, num_slots=1, threads=2, tree_nodes=64, exact=True),
+        LlamaCppTarget(path, MAX_CONTEXT, num_slots=8, threads=2, exact=True),
     )
+    assert targets[0].info.dtype == request.param
+    return targets
+
+
+@pytest.fixture(params=["tile kernels", "per-row kernels"])
+def kernels(request):  # noqa: ANN001, ANN201
+    """The patch's tile kernels and blocked attention (the default), or the per-row kernels of the
+    earlier exact mode (which benchmarks measure them against): both must be exact."""
+    native().set_tile_kernels(request.param == "tile kernels")
+    yield request.param
+    native().set_tile_kernels(True)
 
 
 @pytest.mark.parametrize("context", [100, 600])
-def test_logits_do_not_depend_on_what_the_decode_holds(exact_targets, context: int) -> None:  # noqa: ANN001
+def test_logits_do_not_depend_on_what_the_decode_holds(exact_targets, kernels, context: int) -> None:  # noqa: ANN001
     trees, batch = exact_targets
     prefix = _prefix(context)
     ref = _alone(trees, prefix)
-    for size in (2, 8, 16):
+    for size in (2, 8, 16, 64):
         assert torch.equal(_root_of_chain(trees, prefix, size), ref), f"root of a {size}-token verification"
     assert torch.equal(_alone(batch, prefix), ref), "alone, in an 8-slot cache"
     assert torch.equal(_in_a_batch(batch, prefix), ref), "beside 7 other sequences"
+
+
+def test_every_token_of_a_64_token_verification_is_its_one_token_decode(exact_targets, kernels) -> None:  # noqa: ANN001
+    """64 queries in one decode: where upstream's attention switches to its tiled kernel and the
+    matmuls see their largest column counts, every row must still be its one-at-a-time result."""
+    trees, _ = exact_targets
+    prefix = _prefix(200, seed=7)
+    chain = [int(t) for t in torch.randint(100, 40000, (64,), generator=torch.Generator().manual_seed(8))]
+    trees.prefill(0, prefix, features=False)
+    rows, _ = trees.verify(0, chain[0], DraftTree.chain(chain[1:]), features=False)
+    trees.release(0)
+    trees.prefill(0, prefix, features=False)
+    for i, tok in enumerate(chain):
+        assert torch.equal(trees.forward([(0, [tok])])[0], rows[i]), f"token {i} of the verification"
+    trees.release(0)
 
 
 def test_without_exact_mode_a_one_token_decode_past_512_cells_differs(gguf) -> None:  # noqa: ANN001

@@ -33,6 +33,7 @@ import pytest
 import torch
 
 from specgate.algorithms import ALGORITHMS
+from specgate.cost_model.ledger import RequestLedger
 from specgate.decoding.batch_runner import BatchRunner
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
@@ -134,7 +135,7 @@ def test_random_budgets_give_one_answer(gen, prompts, baseline, monkeypatch) -> 
     """Each step drafts a budget drawn at random (0 included), as the budget controller's posterior
     draws do when serving: the batch shape of every verification changes, the answer does not."""
     rng = random.Random(7)
-    monkeypatch.setattr(gen, "_budget", lambda algorithm, acceptance, k: rng.randint(0, k))
+    monkeypatch.setattr(RequestLedger, "budget", lambda self, context: rng.randint(0, self.k))
     for algorithm in ("ngram", "eagle2"):
         for i in range(0, NUM_PROMPTS, 5):
             for _ in range(2):

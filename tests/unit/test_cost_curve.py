@@ -82,3 +82,48 @@ def test_a_fully_pinned_calibration_measures_nothing_and_waits_for_no_quiet_mach
     assert cal.curve.cost(1) == pytest.approx(4.0) and cal.curve.cost(8) == pytest.approx(8.0) and not cal.curve.measured
     with pytest.raises(ValueError, match="cost_ratios"):
         CalibrationOverride(base_ms=4.0)
+
+
+def test_a_repetition_others_disturbed_is_measured_again_not_counted(monkeypatch) -> None:  # noqa: ANN001
+    """While the rest of the machine computes (here: while the scripted target is made slow), a
+    repetition is repeated instead of counted; the curve is the quiet repetitions'."""
+    import specgate.cost_model.measure as m
+
+    target = ScriptedTarget()
+    busy = iter([False, True, True, False, False, False])  # the warm-up, then 2 disturbed of 5
+
+    class Scripted(m.Overlap):
+        def __enter__(self):  # noqa: ANN204
+            self.disturbed = next(busy)
+            target.slow = 3.0 if self.disturbed else 1.0
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.others = 0.5 if self.disturbed else 0.0
+
+    def verify(slot, root, tree, features):  # noqa: ANN001, ANN202
+        out = ScriptedTarget.verify(target, slot, root, tree, features)
+        target.last_verify_ms *= target.slow
+        return out
+
+    monkeypatch.setattr(m, "Overlap", Scripted)
+    monkeypatch.setattr(target, "verify", verify)
+    curve = measure(target, slot=0, sizes=(1, 2, 4), context=32, reps=3)
+    assert next(busy, None) is None  # 3 quiet repetitions took 5
+    assert curve.cost(1) == pytest.approx(PER_TOKEN_MS) and curve.floor_ms == pytest.approx(PER_TOKEN_MS)
+    assert curve.cost(4) == pytest.approx(PER_TOKEN_MS * 4 + 2 * REPLAN_MS) and curve.others == 0.0
+
+
+def test_a_republished_calibration_keeps_the_measured_shape_and_floor() -> None:
+    """Served decodes rescale the calibration to the machine's speed now; its shape and floor are
+    the quiet measurement's (served decodes once published cost(2)/cost(1) = 1.18 against 1.7 quiet)."""
+    from specgate.cost_model.calibration import Calibration
+    from specgate.cost_model.goodput import CostCurve
+    from specgate.machine import machine
+
+    curve = CostCurve(tokens=[1, 2, 8], ms=[10.0, 17.0, 39.0], floor_ms=9.8, others=0.01)
+    cal = Calibration.build(curve, {"ngram": 0.1}, set(), machine=machine(), backend="llamacpp", dtype="Q4_1", threads=2, measured_at="then")
+    now = cal.refined(12.0, {"ngram": 0.2}, at="now")
+    assert now.curve.ms == pytest.approx([12.0, 20.4, 46.8]) and now.curve.floor_ms == 9.8
+    assert [now.curve.ratio(t) for t in (2, 8)] == pytest.approx([1.7, 3.9])
+    assert now.algorithms["ngram"].draft_ms == 0.2 and now.refined_at == "now"

@@ -55,10 +55,11 @@ def promql(expr: str) -> str:
     return label_values_metric(expr) or grafana_expr(expr)
 
 
-def adapter_query() -> str:
-    rule = yaml.safe_load((ROOT / "deploy" / "k8s" / "prometheus-adapter" / "values.yaml").read_text())["rules"]["custom"][0]
-    return rule["metricsQuery"].replace("<<.GroupBy>>", "namespace, pod").replace("<<.Series>>", "triton:queue_compute:ratio").replace(
-        "<<.LabelMatchers>>", 'namespace="default",pod=~"specgate-.*"')
+def adapter_queries() -> list[str]:
+    """Each of the adapter's queries as it sends it: its series and one namespace's pods filled in."""
+    rules = yaml.safe_load((ROOT / "deploy" / "k8s" / "prometheus-adapter" / "values.yaml").read_text())["rules"]["custom"]
+    return [r["metricsQuery"].replace("<<.GroupBy>>", "namespace, pod").replace("<<.Series>>", r["name"]["as"]).replace(
+        "<<.LabelMatchers>>", 'namespace="default",pod=~"specgate-.*"') for r in rules]
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -71,7 +72,7 @@ def test_recording_rules_pass_promtool(tmp_path: Path) -> None:
     rules.write_text(rule_groups(PROMETHEUS_RULE))
     res = promtool("check", "rules", str(rules))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 6 rules found" in res.stdout
+    assert "SUCCESS: 7 rules found" in res.stdout
 
 
 @needs_promtool
@@ -94,6 +95,10 @@ def test_recording_rules_compute_what_they_say(tmp_path: Path) -> None:
         {"series": f'spec_decode_num_drafts_total{{{pod("b")}}}', "values": "0+2x10"},
         {"series": f'spec_gate_decisions_total{{{pod("a")}, route="speculative", reason="prod"}}', "values": "0+60x10"},
         {"series": f'spec_gate_decisions_total{{{pod("b")}, route="baseline", reason="circuit_open"}}', "values": "0+30x10"},
+        # the gate's queue: pod a has 4 waiting in one gate instance and 2 in the other, pod b none
+        {"series": f'spec_gate_queued{{{pod("a")}, instance="0"}}', "values": "4x10"},
+        {"series": f'spec_gate_queued{{{pod("a")}, instance="1"}}', "values": "2x10"},
+        {"series": f'spec_gate_queued{{{pod("b")}, instance="0"}}', "values": "0x10"},
     ]
     tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
@@ -111,6 +116,9 @@ def test_recording_rules_compute_what_they_say(tmp_path: Path) -> None:
             {"expr": "namespace_route_reason:spec_gate_decisions:rate1m", "eval_time": "5m", "exp_samples": [
                 {"labels": 'namespace_route_reason:spec_gate_decisions:rate1m{namespace="ns", route="speculative", reason="prod"}', "value": 1},
                 {"labels": 'namespace_route_reason:spec_gate_decisions:rate1m{namespace="ns", route="baseline", reason="circuit_open"}', "value": 0.5}]},
+            {"expr": "pod:spec_gate_queued:avg1m", "eval_time": "5m", "exp_samples": [
+                {"labels": f'pod:spec_gate_queued:avg1m{{{pod("a")}}}', "value": 6},
+                {"labels": f'pod:spec_gate_queued:avg1m{{{pod("b")}}}', "value": 0}]},
             {"expr": "pod_reason:spec_gate_decisions:rate1m", "eval_time": "5m", "exp_samples": [
                 {"labels": f'pod_reason:spec_gate_decisions:rate1m{{{pod("a")}, reason="prod"}}', "value": 1},
                 {"labels": f'pod_reason:spec_gate_decisions:rate1m{{{pod("b")}, reason="circuit_open"}}', "value": 0.5}]},
@@ -123,7 +131,7 @@ def test_recording_rules_compute_what_they_say(tmp_path: Path) -> None:
 
 @needs_promtool
 def test_dashboard_and_adapter_queries_parse(tmp_path: Path) -> None:
-    exprs = [promql(e) for e in dashboard_queries()] + [adapter_query()]
+    exprs = [promql(e) for e in dashboard_queries()] + adapter_queries()
     assert len(exprs) > 20
     rules = {"groups": [{"name": "parse", "rules": [{"record": f"parse:q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
     (tmp_path / "q.yaml").write_text(yaml.safe_dump(rules))

@@ -156,6 +156,8 @@ def test_a_server_that_keeps_dying_before_it_is_ready_backs_off_then_is_given_up
     from specgate_deploy import replica as replica_module
 
     monkeypatch.setattr(replica_module, "MAX_FAILURES", 3, raising=False)
+    # a run alive at a poll is looked at over HTTP with the admin key: none here (no server ever ran)
+    monkeypatch.setattr(replica_module.launcher, "admin_headers", lambda *args, **kwargs: {})
     r, started = _replica(tmp_path, 'echo "run $$"; exit 1')
     r.backoff_s = 0.2
     r.start()
@@ -178,3 +180,26 @@ def test_a_server_that_keeps_dying_before_it_is_ready_backs_off_then_is_given_up
     logs = [(tmp_path / "logs" / f"r-tritonserver.log.{n}").read_text() for n in (1, 2, 3)] + [r.server_log.read_text()]
     assert all(log.startswith("run ") for log in logs) and len(set(logs)) == 4  # four runs, four logs: none overwritten
     _end(r, started)
+
+
+def test_a_stop_takes_all_of_worst_stop_s_at_the_longest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server and a front that ignore SIGTERM and SIGINT (a request that outlives the drain, a front
+    that hangs) make finish_drain wait out every one of its waits: worst_stop_s must be their sum, which
+    the pod's grace period is computed from (test_deploy_k8s). The same code, with shortened waits."""
+    from specgate_deploy import replica as replica_mod
+
+    for name in ("EXIT_S", "KILL_S", "FRONT_STOP_S"):
+        monkeypatch.setattr(replica_mod, name, 0.4)
+    stubborn = "trap '' INT TERM; echo trapped; sleep 60"
+    r, started = _replica(tmp_path, stubborn)
+    r.drain_s = 1
+    r.start()
+    r.front = subprocess.Popen(["sh", "-c", stubborn], stdout=subprocess.PIPE, start_new_session=True)
+    assert r.front.stdout.readline() == b"trapped\n"
+    _until(lambda: "trapped" in r.log_tail())  # a signal before its trap would end it at once
+    t0 = time.monotonic()
+    r.begin_drain()
+    r.finish_drain(t0 + r.drain_s + replica_mod.EXIT_S)
+    took, worst = time.monotonic() - t0, replica_mod.worst_stop_s(r.drain_s)
+    assert worst - 0.3 < took < worst + 0.5, (took, worst)
+    assert r.server.poll() is not None and r.front.poll() is not None and r.status == "stopped"

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from fastapi.testclient import TestClient
@@ -168,3 +171,74 @@ def test_models_lists_llm(client):
     r = client.get("/v1/models")
     assert r.status_code == 200
     assert [m["id"] for m in r.json()["data"]] == ["llm"]
+
+
+# -- readiness -----------------------------------------------------------------------------------
+class _Triton:
+    """Triton's gRPC answers the readiness check reads, made up."""
+
+    def __init__(self, server: bool = True, model: bool = True, calibration: str | None = None) -> None:
+        self.server, self.model, self.calibration = server, model, calibration
+
+    async def is_server_ready(self) -> bool:
+        return self.server
+
+    async def is_model_ready(self, name: str) -> bool:
+        return self.model and name == "llm"
+
+    async def get_model_config(self, name: str, as_json: bool) -> dict:
+        assert name == "spec_gate" and as_json
+        params = {} if self.calibration is None else {"calibration_path": {"string_value": self.calibration}}
+        return {"config": {"name": name, "parameters": params}}
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def triton_http():
+    """Triton's HTTP /v2/health/ready, made up: `state["status"]` is what it answers; None closes it."""
+    state: dict = {"status": 200}
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if state["status"] is None:
+                self.connection.close()  # a draining tritonserver's closed port
+                return
+            self.send_response(state["status"] if self.path == "/v2/health/ready" else 404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:  # noqa: ANN002
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_port}", state
+    server.shutdown()
+
+
+def test_ready_only_when_triton_the_model_and_a_calibration_are(tmp_path, client, triton_http):
+    assert client.get("/health/ready").status_code == 503  # no Triton at all
+    assert "unavailable" in client.get("/health/ready").json()["reason"]
+    http_url, http = triton_http
+    published = tmp_path / "calibration.json"
+    with TestClient(create_app(f"localhost:{_free_port()}", http_url=http_url)) as c:
+        cases = [
+            (_Triton(server=False, calibration=str(published)), 503, "tritonserver at localhost:.* is not ready"),  # loading
+            (_Triton(model=False, calibration=str(published)), 503, "model 'llm' is not ready"),
+            (_Triton(calibration=str(published)), 503, "no calibration yet"),  # spec_engine still measures
+        ]
+        for fake, status, reason in cases:
+            c.app.state.triton.client = fake
+            r = c.get("/health/ready")
+            assert r.status_code == status and re.search(reason, r.json()["reason"]), r.json()
+        published.write_text("{}")
+        assert c.get("/health/ready").json() == {"ready": True, "reason": None}
+        # draining: Triton's HTTP port closes at SIGTERM while its gRPC ServerReady still says true
+        for closed in (503, None):
+            http["status"] = closed
+            r = c.get("/health/ready")
+            assert r.status_code == 503 and r.json()["reason"] == f"tritonserver at {http_url} is not ready"
+        http["status"] = 200
+        c.app.state.triton.client = _Triton(calibration=None)  # tensorrtllm engines publish none
+        assert c.get("/health/ready").status_code == 200

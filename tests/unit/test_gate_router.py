@@ -263,7 +263,7 @@ def test_reload_changes_decisions_without_restart(tmp_path: Path) -> None:
 def test_reason_codes_are_the_documented_set() -> None:
     assert REASONS == (
         "mode_off", "temperature", "calibrating", "canary_out", "load", "no_gain", "circuit_open", "shadow", "shadow_busy",
-        "half_open_probe", "canary_in", "prod",
+        "half_open_probe", "gain_probe", "canary_in", "prod",
     )
 
 
@@ -387,3 +387,38 @@ def test_auto_breaker_thresholds_are_the_calibrated_break_even(tmp_path: Path) -
     g.record_speculative(d, SpecStats(num_drafts=10, draft_tokens=1000, accepted_tokens=round(1000 * be * 0.9)))
     g.finish(d)
     assert g.breakers.snapshot("org").state is BreakerState.OPEN
+
+
+def test_a_tenant_whose_acceptance_buys_less_than_min_gain_goes_speculative_only_to_be_measured(tmp_path: Path) -> None:
+    """Above break-even the breaker stays closed, but the route is taken only where the curve expects
+    `min_gain` at the tenant's own acceptance: below that, one request in `probe_fraction` goes
+    speculative to keep measuring it (gain_probe) and the rest go to the baseline (no_gain). When its
+    acceptance comes back, so does the route."""
+    from specgate.algorithms import ALGORITHMS
+    from specgate.cost_model.goodput import alpha_of_rate
+
+    cal = _calibration(MILD, {"ngram": 0.05})
+    policy = "mode: prod\nallow_override: true\nbreaker: {min_samples: 2, ema_weight: 1.0, min_gain: 1.2, probe_fraction: 0.25}\nload: {max_in_flight: null}\n"
+    g = make_gate(tmp_path, policy, calibration=cal)
+    depth = ALGORITHMS["ngram"].default_depth
+    be = cal.break_even_rate("ngram")
+    assert be is not None
+    # a rate above break-even whose expected gain is short of min_gain
+    short = next(r / 100 for r in range(int(100 * be) + 2, 100) if 1.0 < cal.speedup("ngram", alpha_of_rate(r / 100, depth)) < 1.15)
+    high = 0.95
+    assert cal.speedup("ngram", alpha_of_rate(high, depth)) > 1.2
+
+    def served(rate: float) -> None:
+        d = g.decide(RequestInputs(spec_header="prod"))  # opted in: always served, never judged
+        assert (d.route, d.reason) == ("speculative", "prod")
+        g.record_speculative(d, SpecStats(num_drafts=10, draft_tokens=1000, accepted_tokens=round(1000 * rate)))
+        g.finish(d)
+
+    for _ in range(2):
+        served(short)
+    assert g.breakers.snapshot("org").state is BreakerState.CLOSED  # above break-even
+    reasons = [decide(g)[:2] for _ in range(8)]
+    probe, skip = ("speculative", "gain_probe"), ("baseline", "no_gain")
+    assert reasons == [probe, skip, skip, skip, probe, skip, skip, skip]
+    served(high)
+    assert decide(g)[:2] == ("speculative", "prod")

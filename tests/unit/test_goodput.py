@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 
+from specgate.algorithms import ALGORITHMS
 from specgate.cost_model.goodput import (
     Acceptance,
     CostCurve,
@@ -21,6 +22,8 @@ from specgate.cost_model.goodput import (
 LINEAR = CostCurve.of_ratios({t: float(t) for t in (1, 2, 4, 8, 16, 32)})  # T tokens cost T times one
 FLAT = CostCurve.of_ratios({1: 1.0, 32: 1.0})  # verification is free
 FREE = DraftCost(per_node=True)
+CHAIN = ALGORITHMS["eagle"].depth  # k nodes reach depth k
+TREE = ALGORITHMS["eagle2"].depth  # at most EAGLE2_DEPTH (5)
 
 
 def test_curve_interpolates_and_extends_linearly() -> None:
@@ -42,26 +45,26 @@ def test_acceptance_expected_tokens_and_shrinkage() -> None:
 @pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9, 0.99])
 def test_linear_cost_drafts_nothing_and_flat_cost_drafts_everything(alpha: float) -> None:
     acc = Acceptance(prior=[alpha])
-    assert choose_budget(LINEAR, acc, FREE, 16, None) == 0
-    assert choose_budget(FLAT, acc, FREE, 16, None) == 16
-    assert choose_budget(FLAT, acc, FREE, 13, 5) == 13  # a tree's nodes past its depth are free here
+    assert choose_budget(LINEAR, acc, FREE, 16, CHAIN) == 0
+    assert choose_budget(FLAT, acc, FREE, 16, CHAIN) == 16
+    assert choose_budget(FLAT, acc, FREE, 13, TREE) == 13  # a tree's nodes past its depth are free here
 
 
 def test_budget_trades_acceptance_against_cost() -> None:
     curve = CostCurve(tokens=[1, 2, 3, 4, 8], ms=[10.0, 15.0, 20.0, 25.0, 45.0])  # llama.cpp-like
-    assert choose_budget(curve, Acceptance(prior=[0.3]), FREE, 8, None) == 0
-    high = choose_budget(curve, Acceptance(prior=[0.9]), FREE, 8, None)
+    assert choose_budget(curve, Acceptance(prior=[0.3]), FREE, 8, CHAIN) == 0
+    high = choose_budget(curve, Acceptance(prior=[0.9]), FREE, 8, CHAIN)
     assert 1 <= high < 8
     # drafting time counts like verification time
-    assert choose_budget(curve, Acceptance(prior=[0.9]), DraftCost(per_node=True, ms=20.0), 8, None) == 0
+    assert choose_budget(curve, Acceptance(prior=[0.9]), DraftCost(per_node=True, ms=20.0), 8, CHAIN) == 0
 
 
 def test_speedup_break_even_and_rate_conversions() -> None:
     curve = CostCurve(tokens=[1, 2, 3, 4, 8], ms=[10.0, 15.0, 20.0, 25.0, 45.0])
-    be = break_even_alpha(curve, FREE, 5, None)
+    be = break_even_alpha(curve, FREE, 5, CHAIN)
     assert be is not None and 0.3 < be < 0.9
-    assert expected_speedup(curve, FREE, be + 0.01, 5, None)[0] > 1.0 > expected_speedup(curve, FREE, be - 0.01, 5, None)[0]
-    assert break_even_alpha(LINEAR, FREE, 5, None) is None  # never pays
+    assert expected_speedup(curve, FREE, be + 0.01, 5, CHAIN)[0] > 1.0 > expected_speedup(curve, FREE, be - 0.01, 5, CHAIN)[0]
+    assert break_even_alpha(LINEAR, FREE, 5, CHAIN) is None  # never pays
     for alpha in (0.2, 0.5, 0.8):
         assert alpha_of_rate(rate_of_alpha(alpha, 5), 5) == pytest.approx(alpha, abs=1e-6)
 
@@ -81,16 +84,16 @@ def test_sampled_budgets_explore_what_the_mean_rejects_and_stop_once_sure() -> N
     curve = CostCurve(tokens=[1, 2, 4, 8], ms=[10.0, 20.0, 28.0, 46.0])  # steep: drafting pays above ~0.75
     rng = random.Random(1)
     unsure = Acceptance(prior=[0.6])
-    assert choose_budget(curve, unsure, FREE, 5, None) == 0  # greedy: never tries
-    tried = sum(choose_budget(curve, unsure, FREE, 5, None, rng) > 0 for _ in range(1000))
+    assert choose_budget(curve, unsure, FREE, 5, CHAIN) == 0  # greedy: never tries
+    tried = sum(choose_budget(curve, unsure, FREE, 5, CHAIN, rng) > 0 for _ in range(1000))
     assert 20 < tried < 500, tried
     sure = Acceptance(prior=[0.6], weight=[400.0])
-    assert sum(choose_budget(curve, sure, FREE, 5, None, rng) > 0 for _ in range(1000)) < 5
+    assert sum(choose_budget(curve, sure, FREE, 5, CHAIN, rng) > 0 for _ in range(1000)) < 5
 
 
 def test_no_draw_makes_a_linear_curve_pay_or_a_flat_one_stop() -> None:
     rng = random.Random(2)
     for alpha in (0.2, 0.6, 0.95):
         acc = Acceptance(prior=[alpha])
-        assert all(choose_budget(LINEAR, acc, FREE, 16, None, rng) == 0 for _ in range(200))
-        assert all(choose_budget(FLAT, acc, FREE, 16, None, rng) == 16 for _ in range(200))
+        assert all(choose_budget(LINEAR, acc, FREE, 16, CHAIN, rng) == 0 for _ in range(200))
+        assert all(choose_budget(FLAT, acc, FREE, 16, CHAIN, rng) == 16 for _ in range(200))

@@ -59,3 +59,76 @@ def test_subpackages_import_only_downward() -> None:
                 if bad:
                     upward[str(m.relative_to(PACKAGE))] = bad
     assert not upward
+
+
+# Beside the server's package, lowest first: each imports only from groups below it (or from itself).
+# The launcher starts one tritonserver and its front; the deploy package composes and supervises what it
+# starts (`make serve`, the replicas, the pod) and configures the balancer by the front's own limits;
+# the benchmarks drive all of them.
+PYTHON_BACKEND = PACKAGE.parent
+BENCH = PYTHON_BACKEND.parent / "bench"
+OUTSIDE_LAYERS = (("specgate",), ("specgate_client", "specgate_launcher"), ("specgate_front",), ("specgate_deploy",), ("bench",))
+
+
+def _top_level_modules() -> dict[str, Path]:
+    """module name -> file, for python_backend's modules and packages (specgate's too) and bench."""
+    files = {p: PYTHON_BACKEND for p in PYTHON_BACKEND.rglob("*.py")} | {p: BENCH.parent for p in BENCH.rglob("*.py")}
+    return {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p for p, root in files.items()}
+
+
+def _outside_layer(name: str) -> int | None:
+    return next((i for i, group in enumerate(OUTSIDE_LAYERS) if name.split(".")[0] in group), None)
+
+
+def test_the_packages_beside_the_server_import_only_downward() -> None:
+    modules = _top_level_modules()
+    assert {"specgate_launcher", "specgate_deploy.replica", "specgate_front.app", "bench.common"} <= modules.keys()
+    upward = {}
+    for name, path in modules.items():
+        own = _outside_layer(name)
+        bad = sorted(n for n in _imports(path) if (layer := _outside_layer(n)) is not None and layer >= own and n.split(".")[0] != name.split(".")[0])
+        if bad:
+            upward[name] = bad
+    assert not upward
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (a path that ends where it starts), or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for nxt in sorted(graph[node]):
+            if found := visit(nxt, [*path, node]):
+                return found
+        done.add(node)
+        return None
+
+    return next((c for node in sorted(graph) if (c := visit(node, [])) is not None), None)
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Module by module, wherever the import sits (a function-level import closes a circle too)."""
+    modules = _top_level_modules()
+
+    def targets(path: Path) -> set[str]:
+        """The modules `path` imports: `from a.b import c` is module a.b.c where there is one, else a.b."""
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+        found = set()
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            found.add(name)
+        return found - {""}
+
+    graph = {m: targets(p) - {m} for m, p in modules.items()}
+    assert _cycle(graph) is None
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check can fail

@@ -175,3 +175,59 @@ def test_cached_tokens_is_what_llama_cpp_holds(tree_target, case) -> None:  # no
     assert tree_target.cached_tokens() > len(prompt) + len(tree)  # every branch holds the prefix too
     tree_target.release(0)  # verified, never committed: a request cancelled mid-step
     assert tree_target.cached_tokens() == 0
+
+
+def test_exact_mode_keeps_repacked_weights_only_where_the_probe_finds_them_invariant(gguf, monkeypatch) -> None:  # noqa: ANN001
+    """The probe decodes tokens alone and in batches of several sizes and compares bit for bit: a
+    target whose batched rows differ fails it, and an exact target whose probe fails reloads its
+    weights in the file's layout (the patch's kernels, invariant by construction) and stays exact."""
+    target = LlamaCppTarget(gguf, 128, num_slots=1, threads=2, exact=True)
+    assert target._probe_invariance()  # what it kept passes
+    forward = target.forward
+
+    def off_by_a_rounding_in_batches(items):  # noqa: ANN001, ANN202
+        out = forward(items)
+        return out + 1e-6 if sum(len(t) for _, t in items) > 1 else out
+
+    monkeypatch.setattr(target, "forward", off_by_a_rounding_in_batches)
+    assert not target._probe_invariance()
+    monkeypatch.setattr(LlamaCppTarget, "_probe_invariance", lambda self: False)
+    fallback = LlamaCppTarget(gguf, 128, num_slots=1, threads=2, exact=True)
+    assert not fallback.repacked
+    monkeypatch.undo()
+    assert fallback._probe_invariance()
+
+
+AMX_NEIGHBOURS = """
+import sys, torch
+from pathlib import Path
+from specgate.decoding.llamacpp_target import LlamaCppTarget
+from specgate.speculative.eagle_head import load_eagle_head
+target = LlamaCppTarget(Path(sys.argv[1]), 256, num_slots=1, threads=2, exact=True)
+embed, lm = target.embeddings()
+head = load_eagle_head(Path(sys.argv[2]), embed, lm, torch.bfloat16)
+g = torch.Generator().manual_seed(0)
+x, ids = torch.randn(1, 4, embed.shape[1], generator=g).bfloat16(), torch.randint(0, 1000, (1, 4), generator=g)
+def step():
+    return head(x, ids, head.new_cache(16, torch.bfloat16), 0)
+alone = step()
+for size in (1, 40, 1, 40):  # the one-row kernel, then tiles (past 8 rows), each after a head step
+    target.prefill(0, list(range(100, 100 + size)), features=False)
+    target.release(0)
+    assert torch.equal(step(), alone), f"the head computed otherwise after a decode of {size}"
+print("ok")
+"""
+
+
+def test_a_bf16_eagle_head_and_llama_cpp_share_a_thread(gguf) -> None:  # noqa: ANN001
+    """On a CPU with AMX, PyTorch's oneDNN (the EAGLE head in bf16) and ggml (repacked weights) both
+    configure the AMX tiles of the thread they share. ggml configured them once per thread, and its
+    next tile load after a bf16 head step raised SIGILL (seen when spec_engine calibrated). In a
+    process of its own, so that a crash fails the test with its signal instead of ending the run."""
+    import subprocess
+    import sys
+
+    from tests.conftest import HEAD
+
+    run = subprocess.run([sys.executable, "-c", AMX_NEIGHBOURS, str(gguf), str(HEAD)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])

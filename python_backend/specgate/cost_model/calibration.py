@@ -44,15 +44,19 @@ class Calibration(BaseModel):
             spec = ALGORITHMS[name]
             cost = DraftCost(per_node=spec.draft_cost_per_node, ms=ms)
             algos[name] = AlgorithmCalibration(
-                draft_ms=ms, pinned=name in pinned, break_even_alpha=break_even_alpha(curve, cost, spec.default_k, spec.max_depth)
+                draft_ms=ms, pinned=name in pinned, break_even_alpha=break_even_alpha(curve, cost, spec.default_k, spec.depth)
             )
         return cls(curve=curve, algorithms=algos, **info)  # type: ignore[arg-type]
 
-    def refined(self, curve: CostCurve, draft_ms: dict[str, float], at: str) -> "Calibration":
-        """This calibration with the curve and drafting times the engine has since observed (pinned
-        drafting times stay as they were)."""
+    def refined(self, one_token_ms: float, draft_ms: dict[str, float], at: str) -> "Calibration":
+        """This calibration at the one-token time and drafting times the engine has since observed
+        (pinned drafting times stay as they were). The curve keeps its measured shape, cost(T)/cost(1),
+        and floor: the machine's speed drifts, its shape far less, and served decodes measure the shape
+        under whatever else runs (they once published cost(2)/cost(1) = 1.18 against 1.67-1.76 quiet)."""
         ms = {name: a.draft_ms if a.pinned else draft_ms.get(name, a.draft_ms) for name, a in self.algorithms.items()}
         pinned = {name for name, a in self.algorithms.items() if a.pinned}
+        scale = one_token_ms / self.curve.ms[0]
+        curve = self.curve.model_copy(update={"ms": [m * scale for m in self.curve.ms]})
         info = self.model_dump(include={"backend", "dtype", "threads", "measured_at"})
         return Calibration.build(curve, ms, pinned, **info, machine=self.machine, refined_at=at)
 
@@ -63,19 +67,20 @@ class Calibration(BaseModel):
     def speedup(self, algorithm: str, alpha: float, k: int | None = None) -> float:
         """Expected speedup of drafting with `algorithm` (up to k nodes) at per-position acceptance alpha."""
         spec = ALGORITHMS[algorithm]
-        return expected_speedup(self.curve, self.draft_cost(algorithm), alpha, k or spec.default_k, spec.max_depth)[0]
+        return expected_speedup(self.curve, self.draft_cost(algorithm), alpha, k or spec.default_k, spec.depth)[0]
 
     def break_even_rate(self, algorithm: str) -> float | None:
         """The acceptance rate (accepted / drafted) below which `algorithm` stops paying."""
         alpha = self.algorithms[algorithm].break_even_alpha
-        return None if alpha is None else rate_of_alpha(alpha, default_depth(algorithm))
+        return None if alpha is None else rate_of_alpha(alpha, ALGORITHMS[algorithm].default_depth)
 
     def summary(self) -> str:
         lines = [
             f"calibration on {self.machine.line()}; {self.backend} {self.dtype}, {self.threads} threads",
             f"  verify cost (tokens:ms): {self.curve.table()}" + ("" if self.curve.measured else " (injected)")
-            + ("" if self.refined_at is None else f" (refined from served decodes, {self.refined_at})")
-            + ("" if self.curve.floor_ms is None else f"; floor (bare one-token decode loop) {self.curve.floor_ms:.2f} ms"),
+            + ("" if self.refined_at is None else f" (rescaled to served one-token decodes, {self.refined_at})")
+            + ("" if self.curve.floor_ms is None else f"; floor (bare one-token decode loop) {self.curve.floor_ms:.2f} ms")
+            + ("" if self.curve.others is None else f"; others used {100 * self.curve.others:.0f}% of the machine meanwhile"),
         ]
         for name, a in self.algorithms.items():
             spec = ALGORITHMS[name]
@@ -100,9 +105,3 @@ class Calibration(BaseModel):
         """Take a published calibration back: its engine is about to measure again and serves nothing
         meanwhile (the gate routes to the baseline while no file is there: reason `calibrating`)."""
         path.unlink(missing_ok=True)
-
-
-def default_depth(algorithm: str) -> int:
-    """The deepest position a draft of the algorithm's default k reaches."""
-    spec = ALGORITHMS[algorithm]
-    return spec.default_k if spec.max_depth is None else min(spec.default_k, spec.max_depth)

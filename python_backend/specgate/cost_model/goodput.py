@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +44,9 @@ class CostCurve(BaseModel):
     context: int = 0
     measured: bool = True  # False: injected (tests, or an operator's override)
     floor_ms: float | None = None  # a bare loop of plain one-token decodes, measured beside the curve
+    # the largest share of the machine's CPU that others took during a counted repetition (0: quiet;
+    # above cost_model/quiet.MAX_OTHERS: the machine never was quiet enough, the curve is a best effort)
+    others: float | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> "CostCurve":
@@ -163,9 +167,10 @@ class DraftCost:
         return 0.0 if n == 0 else self.ms * (n if self.per_node else 1)
 
 
-def choose_budget(
-    curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, max_depth: int | None, rng: random.Random | None = None
-) -> int:
+Depth = Callable[[int], int]  # nodes -> the deepest position they reach (specgate.algorithms.Algorithm.depth)
+
+
+def choose_budget(curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, depth: Depth, rng: random.Random | None = None) -> int:
     """The budget in [0, max_budget] with the highest expected goodput.
 
     With `rng`, at one draw of the acceptance from its posterior (Thompson sampling) instead of its
@@ -178,32 +183,27 @@ def choose_budget(
     candidates at each depth, which this model does not credit, and they cost nothing when the curve
     says so. Drafting at all must pay strictly more than a plain step.
     """
-    depth_of = (lambda n: n) if max_depth is None else (lambda n: min(n, max_depth))
-    expected = acceptance.expected(depth_of(max_budget), rng)
+    expected = acceptance.expected(depth(max_budget), rng)
     plain = 1.0 / curve.cost(1)
     best, best_goodput = 0, plain
     for n in range(1, max_budget + 1):
-        goodput = (1.0 + expected[depth_of(n)]) / (curve.cost(n + 1) + draft_ms(n))
+        goodput = (1.0 + expected[depth(n)]) / (curve.cost(n + 1) + draft_ms(n))
         if goodput > plain * (1 + 1e-9) and goodput >= best_goodput * (1 - 1e-9):
             best, best_goodput = n, goodput
     return best
 
 
-def _depth(n: int, max_depth: int | None) -> int:
-    return n if max_depth is None else min(n, max_depth)
-
-
-def expected_speedup(curve: CostCurve, draft_ms: DraftCost, alpha: float, max_budget: int, max_depth: int | None) -> tuple[float, int]:
+def expected_speedup(curve: CostCurve, draft_ms: DraftCost, alpha: float, max_budget: int, depth: Depth) -> tuple[float, int]:
     """(best speedup over plain decoding when drafting, its budget) at per-position acceptance `alpha`.
 
     Budgets 1..max_budget only: what drafting is expected to buy. The engine itself also has budget
     0, a plain step, so a request it serves is not expected slower than plain decoding.
     """
-    expected = Acceptance(prior=[alpha]).expected(_depth(max_budget, max_depth))
+    expected = Acceptance(prior=[alpha]).expected(depth(max_budget))
     base = curve.cost(1)
     best, best_n = 0.0, 0
     for n in range(1, max_budget + 1):
-        speedup = base * (1.0 + expected[_depth(n, max_depth)]) / (curve.cost(n + 1) + draft_ms(n))
+        speedup = base * (1.0 + expected[depth(n)]) / (curve.cost(n + 1) + draft_ms(n))
         if speedup > best:
             best, best_n = speedup, n
     return best, best_n
@@ -218,11 +218,11 @@ def _bisect(f, target: float) -> float:  # noqa: ANN001
     return (lo + hi) / 2
 
 
-def break_even_alpha(curve: CostCurve, draft_ms: DraftCost, max_budget: int, max_depth: int | None) -> float | None:
+def break_even_alpha(curve: CostCurve, draft_ms: DraftCost, max_budget: int, depth: Depth) -> float | None:
     """The per-position acceptance above which drafting pays (None: it does not pay even at 1)."""
-    if expected_speedup(curve, draft_ms, 1.0, max_budget, max_depth)[0] <= 1.0:
+    if expected_speedup(curve, draft_ms, 1.0, max_budget, depth)[0] <= 1.0:
         return None
-    return _bisect(lambda a: expected_speedup(curve, draft_ms, a, max_budget, max_depth)[0], 1.0)
+    return _bisect(lambda a: expected_speedup(curve, draft_ms, a, max_budget, depth)[0], 1.0)
 
 
 def rate_of_alpha(alpha: float, depth: int) -> float:

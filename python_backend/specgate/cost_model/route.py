@@ -6,8 +6,9 @@ What the gate takes from it:
 - `auto`, the policy's default algorithm: the one expected fastest at the tenant's acceptance;
 - `can_pay`: whether drafting with an algorithm can beat plain decoding on this machine at all
   (else routing to the one-at-a-time speculative engine buys nothing: reason `no_gain`);
-- `pays_at_prior`: whether it is expected to pay for a tenant with no evidence yet (else the
-  tenant's breaker starts half-open and probes: gate/breaker.py);
+- `pays`: whether it is expected to buy `min_gain` at the tenant's acceptance, the prior until the
+  tenant has evidence (else a new tenant's breaker starts half-open and probes, gate/breaker.py, and
+  a known one is routed only by its probes);
 - the breaker's thresholds when the policy says `auto`: below the acceptance at which drafting
   stops paying, the tenant's circuit opens.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from specgate.algorithms import ALGORITHMS
-from specgate.cost_model.calibration import Calibration, default_depth
+from specgate.cost_model.calibration import Calibration
 from specgate.cost_model.goodput import alpha_of_rate
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ class CalibrationStore:
 
 def tenant_alpha(algorithm: str, rate: float | None) -> float:
     """Per-position acceptance: from the tenant's measured acceptance rate if any, else the prior."""
-    return ALGORITHMS[algorithm].prior_acceptance if rate is None else alpha_of_rate(rate, default_depth(algorithm))
+    spec = ALGORITHMS[algorithm]
+    return spec.prior_acceptance if rate is None else alpha_of_rate(rate, spec.default_depth)
 
 
 def best_algorithm(cal: Calibration, rate: float | None) -> str:
@@ -94,9 +96,10 @@ def can_pay(cal: Calibration, algorithm: str) -> bool:
     return cal.algorithms[algorithm].break_even_alpha is not None
 
 
-def pays_at_prior(cal: Calibration, algorithm: str, min_gain: float) -> bool:
-    """Drafting at the algorithm's prior acceptance is expected to buy at least `min_gain`."""
-    return cal.speedup(algorithm, ALGORITHMS[algorithm].prior_acceptance) >= min_gain
+def pays(cal: Calibration, algorithm: str, rate: float | None, min_gain: float) -> bool:
+    """Drafting at the tenant's acceptance rate (the algorithm's prior acceptance while it has no
+    evidence: `rate` None) is expected to buy at least `min_gain`."""
+    return cal.speedup(algorithm, tenant_alpha(algorithm, rate)) >= min_gain
 
 
 def breaker_thresholds(cal: Calibration, algorithm: str) -> tuple[float, float]:

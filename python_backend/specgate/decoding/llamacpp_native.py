@@ -1,5 +1,5 @@
 """The llama.cpp / ggml functions that llama-cpp-python does not bind: its thread pool API, the
-batch-invariance switch that `make setup` patches into ggml (build/llamacpp_patch.py) and ggml's GGUF
+switches that `make setup` patches into ggml (build/llamacpp_patch.py) and ggml's GGUF
 reader; and where llama.cpp's own log lines go. Without torch: build/make_draft_model.py reads GGUFs
 with it too.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from fnmatch import fnmatch
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +31,7 @@ def quiet_logs(L) -> None:  # type: ignore[no-untyped-def]
     if _LOG_CALLBACK is None:
         _LOG_CALLBACK = L.llama_log_callback(lambda level, text, _: log.debug(text.decode(errors="replace").rstrip()))
         L.llama_log_set(_LOG_CALLBACK, None)
+        load_backends(_lib_dir(L))
         L.llama_backend_init()
 
 
@@ -60,25 +62,41 @@ class ThreadpoolParams(ctypes.Structure):
     ]
 
 
-def loaded(lib_dir: Path, name: str) -> Path:
-    """The file of library `name` that this process has loaded already.
+def loaded(lib_dir: Path, name: str, maps: Path = Path("/proc/self/maps")) -> Path:
+    """The file of library `name` (a glob: `libggml-cpu*`) that this process has loaded already.
 
     The wheel holds copies, not links, of each library under its versioned names (libggml-cpu.so,
     .so.0, ...), and llama.cpp loads them by soname. Opening another copy would load a second
     instance with its own globals: a thread pool or a switch set there is not the one llama.cpp's
-    decodes use (seen: the pool's workers ran one copy's kernels, the caller the other's).
+    decodes use (seen: the pool's workers ran one copy's kernels, the caller the other's). A portable
+    build's CPU backend is the one variant ggml chose at start, libggml-cpu-<level>.so.
     """
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        path = line.split(maxsplit=5)[-1]
-        if Path(path).name.startswith(name + ".so") and Path(path).parent == lib_dir:
-            return Path(path)
+    lib_dir = lib_dir.resolve()  # the maps name resolved paths: a venv reached through a link names another
+    for line in maps.read_text().splitlines():
+        path = Path(line.split(maxsplit=5)[-1])
+        if path.parent == lib_dir and fnmatch(path.name, name + ".so*"):
+            return path
     raise RuntimeError(f"{name} from {lib_dir} is not loaded (import llama_cpp first)")
+
+
+def load_backends(lib_dir: Path) -> None:
+    """Register the CPU backend of a portable build (build/install_llamacpp.py): ggml picks the best of
+    its variants, libggml-cpu-<level>.so, for this CPU. Before llama_backend_init, which would search
+    only beside the executable (python's folder) and in the working directory. A native build's one
+    CPU backend is linked in and registered already."""
+    if not any(lib_dir.glob("libggml-cpu-*.so")):
+        return
+    ggml = ctypes.CDLL(str(loaded(lib_dir, "libggml")))
+    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
+    if ggml.ggml_backend_reg_count() == 0:
+        ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
 
 
 class Native:
     def __init__(self, lib_dir: Path) -> None:
         base = ctypes.CDLL(str(loaded(lib_dir, "libggml-base")))
-        cpu = ctypes.CDLL(str(loaded(lib_dir, "libggml-cpu")))
+        cpu = ctypes.CDLL(str(loaded(lib_dir, "libggml-cpu*")))
         llama = ctypes.CDLL(str(loaded(lib_dir, "libllama")))
         cpu.ggml_threadpool_params_init.argtypes = [ctypes.POINTER(ThreadpoolParams), ctypes.c_int]
         cpu.ggml_threadpool_params_init.restype = None
@@ -105,6 +123,10 @@ class Native:
             self._invariant.argtypes = [ctypes.c_bool]
             self._invariant.restype = None
         self._invariant_on: bool | None = None
+        self._tiles = getattr(cpu, "ggml_cpu_set_tile_kernels", None)
+        if self._tiles is not None:
+            self._tiles.argtypes = [ctypes.c_bool]
+            self._tiles.restype = None
 
     # -- GGUF files ------------------------------------------------------------------------------
     def gguf_tensors(self, path: Path, names: list[str]) -> dict[str, GgufTensor]:
@@ -161,9 +183,21 @@ class Native:
         self._invariant(on)
         self._invariant_on = on
 
+    def set_tile_kernels(self, on: bool) -> None:
+        """Process-wide: the patch's tile matmul kernels and blocked attention (on, the default), or the
+        per-row kernels of the earlier exact mode (off): benchmarks measure one against the other."""
+        if self._tiles is None:
+            raise RuntimeError("this llama-cpp-python build predates the tile kernels; reinstall it with `make setup`")
+        self._tiles(on)
+
+
+def _lib_dir(llama_cpp) -> Path:  # type: ignore[no-untyped-def]
+    return Path(llama_cpp.__file__).parent / "lib"
+
 
 @lru_cache(maxsize=1)
 def native() -> Native:
     import llama_cpp
 
-    return Native(Path(llama_cpp.__file__).parent / "lib")
+    load_backends(_lib_dir(llama_cpp))  # a portable build's CPU library is loaded only then
+    return Native(_lib_dir(llama_cpp))

@@ -19,11 +19,15 @@ every token of a decode, so they are switched on only for decodes whose features
 
 Exact mode (`exact=True`): a token's logits are bit-identical whatever the decode holds (one
 token, a verified tree, the tokens of other sequences). It turns on the patched ggml's
-batch-invariant kernels for this target's decodes, keeps weights in their file layout (repacked
-weights have one kernel for one row and another for many), and keeps the cache's cells in
-position order: a tree whose accepted path is not its first children leaves holes that later
-tokens would fill out of order, so the accepted tokens past the first hole are dropped from the
-cache and decoded again at the front of the next decode (docs/engines.md, "Exact greedy").
+batch-invariant kernels for this target's decodes (build/llamacpp_patch.py) and keeps the cache's
+cells in position order: a tree whose accepted path is not its first children leaves holes that
+later tokens would fill out of order, so the accepted tokens past the first hole are dropped from
+the cache and decoded again at the front of the next decode (docs/engines.md, "Exact greedy").
+Repacked weights (ggml's AMX and CPU-repack buffers) have one kernel for one row and another for
+many; some reduce a row the same way in both (AMX's, for Q4_0/Q4_1/Q8_0), others may not. So an
+exact target loads them and keeps them only if a probe of its own model finds every batch size it
+tries bit-identical to one-token decodes; otherwise it loads the file's layout, where the patch's
+kernels are invariant by construction (`repacked` says which it kept).
 
 Decodes run on a persistent ggml thread pool whose idle workers sleep at once (poll 0): between
 decodes the cores belong to the rest of the server (docs/engines.md, "Threads").
@@ -32,6 +36,8 @@ decodes the cores belong to the rest of the server (docs/engines.md, "Threads").
 from __future__ import annotations
 
 import ctypes
+import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,8 +52,13 @@ from specgate.decoding.llamacpp_native import native, quiet_logs
 from specgate.decoding.target import Target, TargetInfo
 from specgate.decoding.tree import DraftTree
 
+log = logging.getLogger(__name__)
+
 N_BATCH = 512  # tokens per decode call; longer prompts are fed in chunks
 POLL = 0  # how long the pool's idle workers spin after a decode (0..100): not at all
+# Batch sizes the exactness probe decodes at once, against one token at a time: each side of the
+# kernels' 16-token tiles, and past AMX's 32-row blocks.
+PROBE_SIZES = (2, 3, 8, 17, 33)
 
 
 def _llama_cpp():  # imported lazily: the torch engine and the gate never need it
@@ -69,19 +80,34 @@ class _Verified:
 
 
 class LlamaCppTarget(Target):
-    def __init__(self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0, exact: bool = False) -> None:
+    def __init__(
+        self, gguf: Path, max_context: int, num_slots: int, threads: int, tree_nodes: int = 0, exact: bool = False, repack: bool = True
+    ) -> None:
+        """`repack` False: weights in the file's layout whatever the probe would find (benchmarks
+        measure the earlier exact mode that way)."""
         L = self._L = _llama_cpp()
         quiet_logs(L)
         self.gguf = Path(gguf)
         self.exact = exact
         self._native = native()
         self._native.set_batch_invariant(exact)  # fails here, not at the first decode, without the patch
+        self.trees = tree_nodes > 0
+        self._turn = compute_lock()
+        self._load(max_context, num_slots, threads, tree_nodes, repacked=repack)
+        if repack and exact and not self._probe_invariance():
+            log.warning("%s: repacked weights reduce a row differently at some batch size on this machine; "
+                        "exact mode keeps the file's layout (the patch's invariant kernels)", self.gguf.name)
+            self._free()
+            self._load(max_context, num_slots, threads, tree_nodes, repacked=False)
+
+    def _load(self, max_context: int, num_slots: int, threads: int, tree_nodes: int, repacked: bool) -> None:
+        L = self._L
         mp = L.llama_model_default_params()
-        mp.use_extra_bufts = not exact  # repacked weights: one kernel for a row, another for many
+        mp.use_extra_bufts = repacked  # AMX / CPU-repack buffers where this machine has them
+        self.repacked = repacked
         self._model = L.llama_model_load_from_file(str(self.gguf).encode(), mp)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {self.gguf}")
-        self.trees = tree_nodes > 0
         # a tree of N nodes has at most N leaves, each its own sequence id beside the slots
         n_seq_max = num_slots + (tree_nodes if self.trees else 0)
         cells = max_context if self.trees else max_context * num_slots
@@ -92,7 +118,6 @@ class LlamaCppTarget(Target):
         self._native.attach(self._ctx, self._pool)
         self._mem = L.llama_get_memory(self._ctx)
         self._embeddings_on = False
-        self._turn = compute_lock()
         vocab = L.llama_model_get_vocab(self._model)
         desc = ctypes.create_string_buffer(128)
         L.llama_model_desc(self._model, desc, len(desc))
@@ -133,18 +158,44 @@ class LlamaCppTarget(Target):
         cp.flash_attn_type = self._L.LLAMA_FLASH_ATTN_TYPE_ENABLED
         return cp
 
-    def __del__(self) -> None:
-        L = getattr(self, "_L", None)
-        if L is None:
-            return
+    def _probe_invariance(self) -> bool:
+        """Whether the last token of a decode of T tokens gets the logits it gets decoded alone, bit
+        for bit, at every T of PROBE_SIZES (slot 0, left released)."""
+        rng = random.Random(0)
+        vocab = self.info.vocab_size
+        prefix = [rng.randrange(vocab) for _ in range(8)]
+        tokens = [rng.randrange(vocab) for _ in range(max(PROBE_SIZES))]
+        if len(prefix) + len(tokens) >= self.info.max_context:
+            return True  # too small a context to probe: nothing long enough to differ on
+        try:
+            self.prefill(0, prefix, features=False)
+            alone = [self.forward([(0, [tok])])[0] for tok in tokens]
+            for size in PROBE_SIZES:
+                self.prefill(0, prefix, features=False)
+                if not bool((self.forward([(0, tokens[:size])])[0] == alone[size - 1]).all()):
+                    return False
+            return True
+        finally:
+            self.release(0)
+
+    def _free(self) -> None:
+        L = self._L
         if getattr(self, "_batch", None) is not None:
             L.llama_batch_free(self._batch)
+            self._batch = None
         if getattr(self, "_ctx", None):
             L.llama_free(self._ctx)
+            self._ctx = None
         if getattr(self, "_pool", None):
             self._native.free_threadpool(self._pool)
+            self._pool = None
         if getattr(self, "_model", None):
             L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_L", None) is not None:
+            self._free()
 
     # -- one decode -------------------------------------------------------------------------------
     def _decode(self, n: int, outputs: int, features: bool) -> tuple[Tensor, Tensor | None]:

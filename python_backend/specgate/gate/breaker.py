@@ -74,6 +74,8 @@ class _Tenant:
     opened_at: float = 0.0
     seen: int = 0  # requests seen in the current half-open period
     probes: int = 0  # of which admitted as probes
+    judged_short: int = 0  # closed, requests expected to buy less than min_gain (Gate: no_gain or gain_probe)
+    explored: int = 0  # of which sent speculative to keep measuring (gain_probe)
     probe_results: int = 0
     unproven: bool = False  # half-open since first seen, no probe verdict yet
 
@@ -121,6 +123,17 @@ class CircuitBreakers:
                 t.probes += 1
                 return Admission.PROBE
             return Admission.UNPROVEN if t.unproven else Admission.DENY
+
+    def explore(self, tenant: str, cfg: BreakerPolicy) -> bool:
+        """A closed tenant's request expected to buy less than min_gain: whether it goes speculative
+        anyway, to keep the tenant's acceptance measured (one in `probe_fraction`, the first at once)."""
+        with self._lock:
+            t = self._tenants.setdefault(tenant, _Tenant())
+            t.judged_short += 1
+            if t.explored <= cfg.probe_fraction * (t.judged_short - 1) + 1e-9:
+                t.explored += 1
+                return True
+            return False
 
     def record_acceptance(
         self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy, gain: float | None = None

@@ -34,17 +34,18 @@ CIRCUIT_OPEN = "circuit_open"
 SHADOW = "shadow"
 SHADOW_BUSY = "shadow_busy"
 HALF_OPEN_PROBE = "half_open_probe"
+GAIN_PROBE = "gain_probe"
 CANARY_IN = "canary_in"
 PROD = "prod"
 NO_GAIN = "no_gain"
 CALIBRATING = "calibrating"
 REASONS: tuple[str, ...] = (
     MODE_OFF, TEMPERATURE, CALIBRATING, CANARY_OUT, LOAD, NO_GAIN, CIRCUIT_OPEN, SHADOW, SHADOW_BUSY,
-    HALF_OPEN_PROBE, CANARY_IN, PROD,
+    HALF_OPEN_PROBE, GAIN_PROBE, CANARY_IN, PROD,
 )
 # Each reason has one route: the label sets of spec_gate_decisions_total, exported at 0 from load.
 ROUTE_OF: dict[str, Route] = {
-    reason: Route.SPECULATIVE if reason in (HALF_OPEN_PROBE, CANARY_IN, PROD) else Route.BASELINE for reason in REASONS
+    reason: Route.SPECULATIVE if reason in (HALF_OPEN_PROBE, GAIN_PROBE, CANARY_IN, PROD) else Route.BASELINE for reason in REASONS
 }
 
 

@@ -20,6 +20,10 @@ Then the rules, in this order; the first that applies names the reason:
       where the curve expects no gain at the
       prior acceptance, not a probe            -> baseline     no_gain      (its breaker starts half-open)
     breaker open (or half-open, not a probe)   -> baseline     circuit_open
+    prod from policy, the curve expects less
+      than min_gain at the tenant's acceptance:
+      one in probe_fraction                    -> speculative  gain_probe   (keeps measuring it)
+      the others                               -> baseline     no_gain
     shadow, a mirror slot is free              -> baseline     shadow       (shadow=True: mirror it)
     shadow, all mirror slots busy              -> baseline     shadow_busy  (dropped, not queued)
     prod, breaker half-open, chosen as a probe -> speculative  half_open_probe
@@ -29,7 +33,12 @@ Then the rules, in this order; the first that applies names the reason:
 A tenant with no evidence of its own is judged by the prior: where the calibration expects drafting
 at the algorithm's prior acceptance to buy less than `breaker.min_gain`, the tenant's breaker starts
 half-open, so a fraction of its requests probe (half_open_probe) and the rest go to the baseline
-(no_gain) until the probes' verdict; the breaker takes it from there.
+(no_gain) until the probes' verdict; the breaker takes it from there. A tenant with evidence (its
+acceptance EMA over `breaker.min_samples` requests, or what spec_engine modelled its requests to
+have bought) is judged the same way on its own evidence, request by request: where that says less
+than `min_gain`, only one request in `probe_fraction` goes speculative (gain_probe), so the EMAs
+keep following the tenant, and the rest go to the baseline (no_gain). The breaker opens only below break-even (a gain of 1); between
+break-even and `min_gain` the route costs its own overhead for a gain too small to count on.
 
 The canary and `no_gain` apply only when `prod` comes from policy (tenant or org): a request that
 asks for `prod` itself has opted in (spec_engine then still drafts only what pays, down to nothing).
@@ -56,11 +65,11 @@ from typing import Any, Callable
 
 from specgate.algorithms import ALGORITHMS
 from specgate.cost_model.calibration import Calibration
-from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_pay, pays_at_prior
+from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_pay, pays
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.decision import (
-    CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY, TEMPERATURE,
+    CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, GAIN_PROBE, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY, TEMPERATURE,
     Decision, GateRequest, GateStats, Route, RouteResult,
 )
 from specgate.gate.labels import TenantLabels
@@ -73,7 +82,7 @@ from specgate.gate.tenants import ORG
 log = logging.getLogger(__name__)
 
 # The deepest draft position any algorithm reaches (a chain's k, a tree's depth): position series.
-MAX_POSITIONS = max(a.max_k if a.max_depth is None else a.max_depth for a in ALGORITHMS.values())
+MAX_POSITIONS = max(a.depth(a.max_k) for a in ALGORITHMS.values())
 _CIRCUIT_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 0.5, BreakerState.OPEN: 1.0}
 
 
@@ -227,11 +236,16 @@ class Gate:
         if judged and not can_pay(cal, algorithm):
             return _baseline(NO_GAIN)
         breaker = self._breaker_policy(policy, algorithm)
-        admission = self._breakers.admit(tenant_key, breaker, lambda: judged and not pays_at_prior(cal, algorithm, breaker.min_gain))
+        paying = not judged or self._pays(tenant_key, policy, cal, algorithm, breaker.min_gain)
+        admission = self._breakers.admit(tenant_key, breaker, lambda: not paying)
         if admission is Admission.UNPROVEN:
             return _baseline(NO_GAIN)
         if admission is Admission.DENY:
             return _baseline(CIRCUIT_OPEN)
+        if admission is Admission.ALLOW and not paying:  # its evidence says the route buys too little here
+            if self._breakers.explore(tenant_key, breaker):
+                return RouteResult(Route.SPECULATIVE, GAIN_PROBE, probe=True)
+            return _baseline(NO_GAIN)
         probe = admission is Admission.PROBE
         if mode is Mode.SHADOW:
             with self._lock:
@@ -251,6 +265,15 @@ class Gate:
         if cal is not None and algorithm in cal.algorithms:
             return policy.breaker.pinned(*breaker_thresholds(cal, algorithm))
         return policy.breaker.pinned(FALLBACK_OPEN, FALLBACK_CLOSE)
+
+    def _pays(self, tenant_key: str, policy: Policy, cal: Calibration, algorithm: str, min_gain: float) -> bool:
+        """Whether the route is expected to buy `min_gain` for this tenant: by what its own requests
+        bought (the EMA of spec_engine's modelled speedup) where they reported it, else by the curve
+        at its acceptance EMA once that rests on enough samples, else at the algorithm's prior."""
+        snap = self._breakers.snapshot(tenant_key)
+        if snap.gain is not None:
+            return snap.gain >= min_gain
+        return pays(cal, algorithm, snap.ema if snap.samples >= policy.breaker.min_samples else None, min_gain)
 
     def _acceptance(self, tenant_key: str, policy: Policy) -> float | None:
         """The tenant's acceptance EMA, once it rests on enough samples (`auto` picks by it)."""

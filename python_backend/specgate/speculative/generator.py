@@ -1,20 +1,22 @@
 """The speculative generation loop for one sequence at a time (target slot 0).
 
     prefill -> root token
-    loop: choose the step's draft budget (cost_model/goodput.py; fixed k without a cost curve)
-          the drafter proposes a tree of at most that many nodes under the root
-          one target pass over (root, tree), each node seeing only its ancestors
-          verify -> accepted path + bonus token; the target keeps the accepted path
-          emit accepted + bonus (truncated at EOS / stop words / max_new_tokens); bonus = new root
+    loop: emit the new tokens (truncated at EOS / stop words / max_new_tokens), then one step:
+      step: choose the draft budget (cost_model/ledger.py; fixed k without a cost curve)
+            the drafter proposes a tree of at most that many nodes under the root
+            one target pass over (root, tree), each node seeing only its ancestors
+            verify -> accepted path + bonus token; the target keeps the accepted path
+            the new tokens: accepted + bonus; bonus = the next root
 
-A budget of 0 makes the step a plain decode of the root on the same cache.
+A budget of 0 makes the step a plain decode of the root on the same cache. The loop and the step
+only decode and report what happened; the cost and acceptance bookkeeping is the ledger's.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -25,16 +27,15 @@ from specgate.decoding.request import hits_stop
 from specgate.decoding.sampling import SamplingParams, sample_token, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
-from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget
+from specgate.cost_model.goodput import CostCurve, DraftCost
+from specgate.cost_model.ledger import EngineLedger, RequestLedger
 from specgate.cost_model.live import LiveCurve
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
 from specgate.stats import SpecStats
 
 SLOT = 0
-MAX_REQUEST_PRIOR_WEIGHT = 32.0  # the most of the engine's evidence a request's acceptance starts with
 NO_DRAFT = DraftTree.empty()  # a budget-0 step: a plain decode of the root on the same cache
-ENGINE_MEMORY = 0.98  # weight of earlier requests in the engine-wide acceptance each request starts from
 
 
 class SpecStream:
@@ -76,17 +77,20 @@ class SpeculativeGenerator:
     def __init__(self, target: Target, drafters: Mapping[str, Drafter], curve: CostCurve | None = None) -> None:
         self.target = target
         self.drafters = dict(drafters)
-        self.curve: LiveCurve | None = None
-        self.set_curve(curve)
+        self.ledger = EngineLedger(self.drafters, curve)
         self.max_len = target.info.max_context
-        # engine-wide acceptance by (algorithm, drafter context): each request starts from it
-        self.acceptance: dict[tuple[str, int], Acceptance] = {}
-        self.draft_cost = {name: DraftCost(per_node=ALGORITHMS[name].draft_cost_per_node) for name in self.drafters}
-        self._explore = random.Random(0)  # the budget's posterior draws (choose_budget); never the request's generator
+
+    @property
+    def curve(self) -> LiveCurve | None:
+        return self.ledger.curve
+
+    @property
+    def draft_cost(self) -> dict[str, DraftCost]:
+        return self.ledger.draft_cost
 
     def set_curve(self, curve: CostCurve | None) -> None:
         """Start from a (new) calibration: what the engine learned of the old one is dropped."""
-        self.curve = None if curve is None else LiveCurve(curve)
+        self.ledger.set_curve(curve)
 
     def generate(
         self,
@@ -147,17 +151,6 @@ class SpeculativeGenerator:
             raise ValueError(f"speculative algorithm {algorithm!r} {why}; loaded: {', '.join(sorted(self.drafters))}")
         return k
 
-    def _engine_acceptance(self, algorithm: str, context: int) -> Acceptance:
-        key = (algorithm, context)
-        if key not in self.acceptance:
-            self.acceptance[key] = Acceptance(prior=[ALGORITHMS[algorithm].prior(context)])
-        return self.acceptance[key]
-
-    def _budget(self, algorithm: str, acceptance: Acceptance, k: int) -> int:
-        if self.curve is None:
-            return k
-        return choose_budget(self.curve, acceptance, self.draft_cost[algorithm], k, ALGORITHMS[algorithm].max_depth, self._explore)
-
     @torch.inference_mode()
     def _run(
         self,
@@ -171,83 +164,78 @@ class SpeculativeGenerator:
         stop_words: list[list[int]],
         stop_tail: list[int],
     ) -> Iterator[list[int]]:
-        drafter, target = self.drafters[algorithm], self.target
-        features = drafter.uses_features
-        # this request's acceptance by drafter context, each starting from what the engine has seen
-        acceptance: dict[int, Acceptance] = {}
-
-        def request_acceptance(context: int) -> Acceptance:
-            if context not in acceptance:
-                engine = self._engine_acceptance(algorithm, context)
-                positions = range(max(k, 1))
-                acceptance[context] = Acceptance(
-                    prior=[engine.rate(i) for i in positions],
-                    weight=[min(PRIOR_WEIGHT + (engine.tries[i] if i < len(engine.tries) else 0.0), MAX_REQUEST_PRIOR_WEIGHT) for i in positions],
-                )
-            return acceptance[context]
-
-        gen = params.generator()
-        logits, hidden = target.prefill(SLOT, prompt, features)
-        root = sample_token(logits, params, gen)
-        tokens = prompt + [root]
-        pending: list[Tensor] = [hidden] if hidden is not None else []  # features the drafter has not seen
-        drafter.begin(prompt, params, gen)
-        out: list[int] = []
-        new = [root]
-        plain_ms = spent_ms = 0.0  # what plain decoding would have cost, and what the steps cost (live curve)
+        drafter = self.drafters[algorithm]
+        r = _Request(stream, drafter, params, params.generator(), self.ledger.request(algorithm, k), max_new)
         try:
+            logits, hidden = self.target.prefill(SLOT, prompt, drafter.uses_features)
+            new = [sample_token(logits, params, r.gen)]
+            r.tokens = prompt + new
+            r.pending = [hidden] if hidden is not None else []
+            drafter.begin(prompt, params, r.gen)
             while True:
-                emit, stream.finish_reason = _clip(new, out, max_new, end_id, stop_words, stop_tail)
-                out += emit
+                emit, stream.finish_reason = _clip(new, r.out, max_new, end_id, stop_words, stop_tail)
+                r.out += emit
                 if emit:
                     yield emit
-                cache_len = target.length(SLOT)
-                if stream.finish_reason is None and cache_len + 1 >= self.max_len:
+                if stream.finish_reason is None and self.target.length(SLOT) + 1 >= self.max_len:
                     stream.finish_reason = "context"  # no room for the root's K/V
                 if stream.finish_reason is not None:
                     return
-                context = drafter.context(tokens)
-                budget = self._budget(algorithm, request_acceptance(context), k)
-                stream.stats.draft_budget = budget
-                # Draft no more than fits in the cache or than the request still needs.
-                budget = min(budget, self.max_len - cache_len - 1, max_new - len(out) - 1)
-                tree = NO_DRAFT
-                drafting_ms = 0.0
-                if budget > 0:
-                    start = time.perf_counter()
-                    tree = drafter.propose(tokens, torch.cat(pending) if pending else torch.empty(0), budget)
-                    drafting_ms = 1000 * (time.perf_counter() - start)
-                    self.draft_cost[algorithm].record(drafting_ms, len(tree))
-                    pending = []
-                logits, hidden = target.verify(SLOT, tokens[-1], tree, features)
-                if self.curve is not None:
-                    self.curve.record_step(1 + len(tree), target.last_verify_ms)
-                if not len(tree):  # what verifying an empty tree draws, without walking one
-                    path, bonus = [], sample_token(logits[0], params, gen)
-                elif params.greedy:
-                    path, bonus = verify_greedy(tree, logits)
-                else:
-                    path, bonus = verify_sampling(tree, warp(logits, params), gen)
-                keep = [0] + [1 + i for i in path]  # root + accepted nodes
-                target.commit(SLOT, keep)
-                if hidden is not None:
-                    pending.append(hidden[keep])
-                if len(tree):
-                    drafter.accept(tree, path)
-                    stream.stats.record(len(tree), len(path))
-                    request_acceptance(context).record(int(tree.depth.max()), len(path))
-                new = (tree.tokens[path].tolist() if path else []) + [bonus]
-                tokens += new
-                if self.curve is not None:
-                    plain_ms += len(new) * self.curve.cost(1)
-                    spent_ms += self.curve.cost(1 + len(tree)) + drafting_ms
-                    stream.stats.modelled_speedup = plain_ms / spent_ms
+                new = self._step(r)
+                r.tokens += new
         finally:
-            if self.curve is not None:
-                self.curve.end_request()
-            for context, acc in acceptance.items():
-                self._engine_acceptance(algorithm, context).merge(acc, ENGINE_MEMORY)
-            target.release(SLOT)
+            r.ledger.close()
+            self.target.release(SLOT)
+
+    def _step(self, r: _Request) -> list[int]:
+        """Draft what pays after the root (r.tokens[-1]), verify it in one pass, keep the accepted
+        path; returns the new tokens (the accepted ones and the bonus token, the next root)."""
+        target, drafter = self.target, r.drafter
+        context = drafter.context(r.tokens)
+        budget = r.ledger.budget(context)
+        r.stream.stats.draft_budget = budget
+        # Draft no more than fits in the cache or than the request still needs.
+        budget = min(budget, self.max_len - target.length(SLOT) - 1, r.max_new - len(r.out) - 1)
+        tree, drafting_ms = NO_DRAFT, 0.0
+        if budget > 0:
+            start = time.perf_counter()
+            tree = drafter.propose(r.tokens, torch.cat(r.pending) if r.pending else torch.empty(0), budget)
+            drafting_ms = 1000 * (time.perf_counter() - start)
+            r.pending = []
+        logits, hidden = target.verify(SLOT, r.tokens[-1], tree, drafter.uses_features)
+        if not len(tree):  # what verifying an empty tree draws, without walking one
+            path, bonus = [], sample_token(logits[0], r.params, r.gen)
+        elif r.params.greedy:
+            path, bonus = verify_greedy(tree, logits)
+        else:
+            path, bonus = verify_sampling(tree, warp(logits, r.params), r.gen)
+        keep = [0] + [1 + i for i in path]  # root + accepted nodes
+        target.commit(SLOT, keep)
+        if hidden is not None:
+            r.pending.append(hidden[keep])
+        if len(tree):
+            drafter.accept(tree, path)
+            r.stream.stats.record(len(tree), len(path))
+        depth = int(tree.depth.max()) if len(tree) else 0
+        speedup = r.ledger.step(context, len(tree), depth, len(path), drafting_ms, target.last_verify_ms)
+        if speedup is not None:
+            r.stream.stats.modelled_speedup = speedup
+        return (tree.tokens[path].tolist() if path else []) + [bonus]
+
+
+@dataclass
+class _Request:
+    """One request's decoding state between steps."""
+
+    stream: SpecStream
+    drafter: Drafter
+    params: SamplingParams
+    gen: torch.Generator
+    ledger: RequestLedger
+    max_new: int
+    tokens: list[int] = field(default_factory=list)  # prompt and output; the last one is the next root
+    out: list[int] = field(default_factory=list)  # emitted so far
+    pending: list[Tensor] = field(default_factory=list)  # target features the drafter has not seen
 
 
 def _clip(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import queue
 import threading
 import time
@@ -30,7 +31,7 @@ from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 
 log = logging.getLogger(__name__)
 
-REPUBLISH_DRIFT = 1.1  # republish the calibration once the live curve moved this factor from it
+REPUBLISH_DRIFT = 1.1  # republish the calibration once the served one-token time moved this factor from it
 # ... but a refined one at most this often. Why: on a noisy machine the live medians themselves
 # move by more than REPUBLISH_DRIFT from request to request; on a 2-core EPYC under c=8 load the
 # calibration was republished after nearly every request, about once a second, and the gauge and
@@ -171,18 +172,21 @@ class SpeculativeRunner:
             log.exception("could not republish the calibration")
 
     def _republish(self) -> None:
-        """Publish what serving taught about the curve (and drafting times) once it moved enough:
-        the gauge and the gate then read the corrected curve, not the one measured at load."""
+        """Publish what serving taught once it moved enough: the one-token time (the measured curve
+        rescaled to it) and the drafting times. The gauge and the gate then read the machine's speed
+        now, on the curve's quiet shape (Calibration.refined)."""
         cal, curve = self.calibration, self.generator.curve
-        if cal is None or curve is None or curve.pinned or curve.drift(cal.curve) < REPUBLISH_DRIFT:
+        if cal is None or curve is None or curve.pinned:
+            return
+        if math.exp(abs(math.log(curve.cost(1) / cal.curve.ms[0]))) < REPUBLISH_DRIFT:
             return
         if self._refined_at is not None and time.monotonic() - self._refined_at < REPUBLISH_MIN_INTERVAL_S:
             return
         self._refined_at = time.monotonic()
         draft_ms = {name: cost.ms for name, cost in self.generator.draft_cost.items() if cost.ms > 0}
         at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        self.calibration = cal.refined(curve.snapshot(), draft_ms, at)
-        log.info("cost curve refined from served decodes: %s", self.calibration.curve.table())
+        self.calibration = cal.refined(curve.cost(1), draft_ms, at)
+        log.info("calibration rescaled to served decodes: %s", self.calibration.curve.table())
         self._on_calibration(self.calibration)
 
     def _stream(self, job: _Job, stream: SpecStream) -> Event:

@@ -1,0 +1,137 @@
+"""Prompt-lookup drafters replayed over the target's own greedy replies: acceptance, no timing.
+
+Each bench prompt's greedy reply (the llama.cpp target, exact mode) is generated once; then each
+drafter is replayed over it as speculative decoding would run it: at a step it proposes up to k
+tokens after prompt + reply so far, the longest prefix equal to the reply's next tokens is
+accepted, and the replay moves past it and the bonus token. Greedy verification accepts exactly
+that, so the counts are what serving would see at T=0. Printed per category: drafted tokens per
+step, accepted / drafted (the price of each drafted token), and accepted per step (what it buys).
+
+Drafters:
+- ours: speculative/ngram.py, the latest earlier occurrence of the longest suffix of 1-4 tokens,
+  a chain of k (5, and 16);
+- ngram-mod (llama.cpp PR #19164, as described there): a rolling hash of the last n tokens (24)
+  in one table shared across requests, drafting what followed, up to 48 tokens;
+- ngram-map-k4v (llama.cpp PR #18471): up to four continuations per key of the last n tokens (2),
+  the most frequent one drafted as a chain of k.
+
+    python -m bench.ngram_replay --per-category 6 --tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+import torch
+
+from bench.common import ROOT, machine_lines, machine_record
+from bench.prompts import CATEGORIES, load_prompts
+from specgate.decoding.llamacpp_target import LlamaCppTarget
+from specgate.decoding.plain import plain_decode
+from specgate.decoding.sampling import SamplingParams
+from specgate.speculative.ngram import NgramDrafter
+from specgate.text.tokenizer import PromptTokenizer
+
+GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
+
+Propose = Callable[[list[int]], list[int]]
+
+
+def ours(k: int) -> Callable[[], Propose]:
+    def make() -> Propose:
+        d = NgramDrafter()
+        d.begin([], SamplingParams(), torch.Generator())
+        return lambda tokens: d.propose(tokens, torch.empty(0), k).tokens.tolist()
+
+    return make
+
+
+class NgramMod:
+    """A table of the last n tokens' hash -> where they were followed, shared by every request."""
+
+    def __init__(self, n: int = 24, k: int = 48) -> None:
+        self.n, self.k = n, k
+        self.table: dict[int, tuple[int, ...]] = {}
+
+    def make(self) -> Propose:
+        indexed = [0]
+
+        def propose(tokens: list[int]) -> list[int]:
+            n = self.n
+            for end in range(max(indexed[0], n), len(tokens)):  # keys ending before the root
+                self.table[hash(tuple(tokens[end - n : end]))] = tuple(tokens[end : end + self.k])
+            indexed[0] = len(tokens)
+            if len(tokens) < n:
+                return []
+            follow = self.table.get(hash(tuple(tokens[-n:])), ())
+            return list(follow[: self.k])
+
+        return propose
+
+
+def ngram_map_k4v(n: int = 2, k: int = 5) -> Callable[[], Propose]:
+    def make() -> Propose:
+        seen: dict[tuple[int, ...], Counter] = defaultdict(Counter)
+        indexed = [n]
+
+        def propose(tokens: list[int]) -> list[int]:
+            for end in range(indexed[0], len(tokens) - k + 1):
+                key, value = tuple(tokens[end - n : end]), tuple(tokens[end : end + k])
+                if value in seen[key] or len(seen[key]) < 4:  # at most four continuations per key
+                    seen[key][value] += 1
+            indexed[0] = max(indexed[0], len(tokens) - k + 1)
+            best = seen.get(tuple(tokens[-n:]))
+            return list(best.most_common(1)[0][0]) if best else []
+
+        return propose
+
+    return make
+
+
+def replay(make: Callable[[], Propose], prompt: list[int], reply: list[int]) -> tuple[int, int, int]:
+    """(steps, drafted, accepted) of greedy speculative decoding of `reply` after `prompt`."""
+    propose = make()
+    steps = drafted = accepted = 0
+    i = 0
+    while i < len(reply):
+        draft = propose(prompt + reply[: i + 1])[: len(reply) - i - 1]  # reply[i] is the root
+        a = 0
+        while a < len(draft) and draft[a] == reply[i + 1 + a]:
+            a += 1
+        steps, drafted, accepted = steps + 1, drafted + len(draft), accepted + a
+        i += a + 1
+    return steps, drafted, accepted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-category", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=128)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print("\n".join(machine_lines(machine_record())), flush=True)
+    tok = PromptTokenizer(CKPT, 900)
+    target = LlamaCppTarget(GGUF, 1024 + args.tokens, num_slots=1, threads=2, exact=True)
+    prompts = load_prompts(limit_per_category=args.per_category)
+    replies = []
+    for p in prompts:
+        ids = tok.encode_prompt(p.text)
+        replies.append((p.category, ids, plain_decode(target, ids, args.tokens, SamplingParams(), target.info.eos_token_id)))
+    # per pass over the replies: a drafter for each request (ngram-mod's one table shared by the pass's requests)
+    drafters: dict[str, Callable[[], Callable[[], Propose]]] = {
+        "ours k=5": lambda: ours(5), "ours k=16": lambda: ours(16), "ngram-mod n=24": lambda: NgramMod().make, "ngram-map-k4v n=2 k=5": ngram_map_k4v,
+    }
+    print("\n| drafter | category | drafted/step | accepted/drafted | accepted/step |\n|---|---|---|---|---|")
+    for name, session in drafters.items():
+        for cat in (*CATEGORIES, "overall"):
+            make = session()
+            rows = [replay(make, ids, reply) for c, ids, reply in replies if cat in (c, "overall")]
+            steps, drafted, accepted = (sum(r[i] for r in rows) for i in range(3))
+            print(f"| {name} | {cat} | {drafted / steps:.2f} | {accepted / max(drafted, 1):.2f} | {accepted / steps:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
