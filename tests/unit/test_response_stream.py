@@ -11,7 +11,6 @@ from tests.unit import fake_pb_utils as pb
 pb.install()
 
 from specgate.decoding.request import Event  # noqa: E402
-from specgate.serving.engine_client import _stats  # noqa: E402
 from specgate.cost_model.stream_pacer import StreamPacer  # noqa: E402
 from specgate.serving.engine_model import ResponseStream  # noqa: E402
 from specgate.stats import SpecStats  # noqa: E402
@@ -56,7 +55,7 @@ class Outbox:
 def test_draft_statistics_travel_only_when_they_change_and_the_gate_still_reads_them_all() -> None:
     """Each tensor of a response is copied by this stub, Triton and the gate on the decoding cores, so
     a streamed response carries the statistics only where they changed (and always the final one).
-    What the gate reads from the stream (engine_client._stats keeps the last it saw) must be, after
+    What the gate reads from the stream (SpecStats.from_response keeps the last it saw) must be, after
     every response, the statistics of the event that response stands for."""
     sender = pb.ResponseSender()
     stream = ResponseStream(sender, streaming=True, outbox=Outbox())  # type: ignore[arg-type]
@@ -75,12 +74,16 @@ def test_draft_statistics_travel_only_when_they_change_and_the_gate_still_reads_
         stream(ev)
         response, _ = sender.sent[-1]
         carried.append(pb.get_output_tensor_by_name(response, "total_draft_tokens") is not None)
-        read = _stats(response, read)
+        read = SpecStats.from_response(lambda name: _numpy(response, name), read)
         assert read == (ev.stats or SpecStats())
         assert pb.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist() == ev.tokens
     assert carried == [False, False, True, False, True, True]
     assert len(sender.sent) == len(events)
 
+
+def _numpy(response: Any, name: str) -> Any:
+    t = pb.get_output_tensor_by_name(response, name)
+    return None if t is None else t.as_numpy()
 
 
 def test_a_paced_stream_sends_when_due_and_reports_each_response_to_its_pacer() -> None:

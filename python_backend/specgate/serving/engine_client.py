@@ -115,23 +115,6 @@ def _out(resp: Any, name: str) -> np.ndarray | None:
     return None if t is None else t.as_numpy()
 
 
-def _stats(resp: Any, last: SpecStats) -> SpecStats:
-    """Cumulative draft statistics from an engine response; engines may omit them on some responses."""
-    drafted, accepted = _out(resp, "total_draft_tokens"), _out(resp, "total_accepted_draft_tokens")
-    if drafted is None or accepted is None:
-        return last
-    drafts, per_pos, budget = _out(resp, "num_drafts"), _out(resp, "accepted_per_position"), _out(resp, "draft_budget")
-    gain = _out(resp, "modelled_speedup")
-    return SpecStats(
-        num_drafts=0 if drafts is None else int(drafts.reshape(-1)[0]),
-        draft_tokens=int(drafted.reshape(-1)[0]),
-        accepted_tokens=int(accepted.reshape(-1)[0]),
-        accepted_per_position=[] if per_pos is None else [int(x) for x in per_pos.reshape(-1) if x > 0],
-        draft_budget=-1 if budget is None else int(budget.reshape(-1)[0]),
-        modelled_speedup=None if gain is None or float(gain.reshape(-1)[0]) <= 0 else float(gain.reshape(-1)[0]),
-    )
-
-
 class EngineClient:
     def __init__(self, end_id: int, extensions: bool, stall_timeout_s: Callable[[], float], key: EngineKey | None = None) -> None:
         """`key`: the engine key every request carries (CPU engines, `extensions`; tensorrtllm checks none)."""
@@ -196,7 +179,7 @@ class EngineClient:
                     out = _out(resp, "output_ids")
                     if out is None:  # the flag-only final response
                         continue
-                    stats = _stats(resp, stats)
+                    stats = SpecStats.from_response(lambda name: _out(resp, name), stats)
                     tokens += [int(t) for t in out.reshape(-1)]
                     flag = _out(resp, "handed_over")
                     handed_over = handed_over or (flag is not None and bool(flag.reshape(-1)[0]))

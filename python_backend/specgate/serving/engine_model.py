@@ -195,13 +195,7 @@ class ResponseStream:
         return pb_utils.InferenceResponse(
             output_tensors=[
                 *ids,
-                tensor("acceptance_rate", [[s.acceptance_rate]], np.float32),
-                tensor("total_accepted_draft_tokens", [[s.accepted_tokens]], np.int32),
-                tensor("total_draft_tokens", [[s.draft_tokens]], np.int32),
-                tensor("num_drafts", [[s.num_drafts]], np.int32),
-                tensor("accepted_per_position", [s.accepted_per_position or [0]], np.int32),
-                tensor("draft_budget", [[s.draft_budget]], np.int32),
-                tensor("modelled_speedup", [[s.modelled_speedup or 0.0]], np.float32),
+                *(pb_utils.Tensor(name, value) for name, value in s.to_tensors().items()),
                 tensor("handed_over", [[ev.handed_over]], np.bool_),
             ]
         )
