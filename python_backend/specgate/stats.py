@@ -75,7 +75,8 @@ class SpecStats:
             t = out(name)
             return None if t is None else t.reshape(-1)[0].item()
 
-        per_pos, gain, budget, drafts = out("accepted_per_position"), scalar("modelled_speedup"), scalar("draft_budget"), scalar("num_drafts")
+        per_pos, drafts = out("accepted_per_position"), scalar("num_drafts")
+        budget, gain = scalar("draft_budget"), scalar("modelled_speedup")
         return cls(
             num_drafts=0 if drafts is None else int(drafts),
             draft_tokens=int(drafted.reshape(-1)[0]),
