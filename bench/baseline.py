@@ -37,8 +37,8 @@ from bench.server_cpu import cpu_by_process
 from loadtest.metrics import scrape, value, value_or_none
 from specgate.contract import ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC
 from specgate.decoding.config import EngineConfig
-from specgate_client import GenerateParams, HttpClient
 from specgate.text.tokenizer import PromptTokenizer
+from specgate_client import GenerateParams, HttpClient
 
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"

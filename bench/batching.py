@@ -39,10 +39,10 @@ from bench.common import ROOT, batching_check, machine_lines, machine_record, me
 from bench.peer import DecodeProcess
 from bench.prompts import load_prompts
 from specgate.algorithms import ALGORITHMS
+from specgate.decoding.batch_runner import BatchRunner
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.request import Event, GenerationRequest
-from specgate.decoding.batch_runner import BatchRunner
 from specgate.speculative.registry import build_drafters
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer

@@ -47,16 +47,15 @@ from bench.common import ROOT, machine_lines, machine_record, median, spread, wr
 from bench.peer import Peer
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.algorithms import ALGORITHMS
-from specgate.decoding.config import EngineConfig
-from specgate.cost_model.measure import measure
 from specgate.cost_model.goodput import CostCurve
+from specgate.cost_model.measure import calibrate, measure
+from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.plain import plain_decode
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
 from specgate.gate import Gate, RequestInputs, Route
 from specgate.speculative import SpecStats, SpeculativeGenerator
-from specgate.cost_model.measure import calibrate
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 
-
 from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, write_results
 from bench.gate_decision import measure
 from bench.prompts_fixed import DECODE_PROMPTS
+from specgate.contract import engine_inputs
 from specgate_client import GenerateParams, GrpcClient, stream_engine
 from specgate_launcher import engine_key
-from specgate.contract import engine_inputs
 
 
 def tpot_ms(points: list[tuple[float, int]]) -> float:

@@ -49,14 +49,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, batching_check, machine_lines, machine_record, median, spread, wait_calibrated  # noqa: E402
+from bench.common import RESULTS, ROOT, batching_check, machine_lines, machine_record, median, spread, wait_calibrated  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
-from specgate_client import HttpClient  # noqa: E402
 from specgate.cost_model.calibration import Calibration  # noqa: E402
 from specgate.cost_model.goodput import CostCurve  # noqa: E402
 from specgate.gate.tenants import hash_key  # noqa: E402
+from specgate_client import HttpClient  # noqa: E402
 from specgate_launcher import Ports, running, server_env  # noqa: E402
 
 OUT = RESULTS / "report"

@@ -22,14 +22,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
-
 from build.trtllm.build import ROOT, add_arguments, build
 from build.trtllm.serve import server_command, server_env
 from build.trtllm.spec import BuildSpec, load_spec
 from loadtest.metrics import gate_deltas, scrape
-from specgate_client import stream_engine
 from specgate.contract import engine_inputs
 from specgate.secret_file import ensure_secret
+from specgate_client import stream_engine
 from specgate_launcher import ENGINE_SECRET, Ports, stop, wait_ready
 
 PROMPTS = ["Write a haiku about the sea.", "List three uses of a paperclip."]

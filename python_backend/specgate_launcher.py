@@ -29,12 +29,11 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
-
-import urllib.request
 
 from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate.gate.labels import LABEL_KEY_ENV

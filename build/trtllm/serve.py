@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from pathlib import Path
-
 from collections.abc import Sequence
+from pathlib import Path
 
 from build.trtllm.spec import ParallelSpec
 from specgate.gate.labels import LABEL_KEY_ENV

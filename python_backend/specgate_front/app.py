@@ -26,7 +26,16 @@ from specgate_front import errors
 from specgate_front.body_limit import BodyLimit
 from specgate_front.completion import complete
 from specgate_front.formats import ChatFormat, TextFormat
-from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList, Readiness
+from specgate_front.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    Model,
+    ModelList,
+    Readiness,
+)
 from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
 log = logging.getLogger("specgate_front")

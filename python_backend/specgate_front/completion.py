@@ -18,8 +18,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from specgate_client import Chunk, GenerateParams, gate_headers
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE
+from specgate_client import Chunk, GenerateParams, gate_headers
 from specgate_front.formats import Format, finish_reason, meta_headers
 from specgate_front.schemas import ErrorDetail, ErrorResponse, GenerationRequest, SpecgateMeta, Usage
 from specgate_front.stops import StopTrimmer

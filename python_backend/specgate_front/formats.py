@@ -7,8 +7,17 @@ from typing import Any, Protocol
 
 from specgate_client import META
 from specgate_front.schemas import (
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, Completion, CompletionChoice, Delta, FinishReason,
-    SpecgateMeta, Usage,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChoice,
+    Delta,
+    FinishReason,
+    SpecgateMeta,
+    Usage,
 )
 
 META_HEADER_PREFIX = "x-specgate-"

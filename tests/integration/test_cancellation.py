@@ -17,10 +17,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from loadtest.metrics import Samples, delta, scrape, value
-from specgate_client import GenerateParams, gate_headers, grpc_inputs, stream_engine
-from specgate_launcher import engine_key
 from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, engine_inputs
 from specgate.text.tokenizer import PromptTokenizer
+from specgate_client import GenerateParams, gate_headers, grpc_inputs, stream_engine
+from specgate_launcher import engine_key
 from tests.conftest import CHECKPOINT
 from tests.integration.server_state import engines_idle, kv_tokens, memory
 

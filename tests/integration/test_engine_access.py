@@ -18,7 +18,14 @@ import pytest
 
 from loadtest.metrics import delta, scrape
 from specgate.contract import (
-    HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, PARAM_PING, engine_inputs,
+    HEADER_SPEC_MODE,
+    PARAM_ALGORITHM,
+    PARAM_CALIBRATE,
+    PARAM_CANCEL,
+    PARAM_ENGINE_KEY,
+    PARAM_HAND_OVER,
+    PARAM_PING,
+    engine_inputs,
 )
 from specgate_client import GenerateParams, ServerError, stream_engine
 from specgate_launcher import engine_key

@@ -27,9 +27,9 @@ import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specgate_client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS
+from specgate_client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
 
 CASES = 80  # per protocol
 GOOD_EVERY = 10

@@ -48,12 +48,19 @@ import yaml
 
 from loadtest.metrics import delta, scrape, value
 from specgate.algorithms import SPEC_ALGORITHMS
-from specgate.machine import machine
 from specgate.contract import (
-    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
+    ENGINE_CANCELLED_METRIC,
+    ENGINE_TOKENS_METRIC,
+    HEADER_SPEC_MODE,
+    PARAM_ALGORITHM,
+    PARAM_CALIBRATE,
+    PARAM_ENGINE_KEY,
+    PARAM_HAND_OVER,
+    engine_inputs,
 )
-from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from specgate.gate import REASONS
+from specgate.machine import machine
+from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from tests.conftest import COMPUTE_LOCK, TEST_POLICY, stub_pids
 from tests.integration.server_state import ENGINES, MODELS, engines_idle, kv_tokens, memory
 

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from build.make_draft_model import DEFAULT_LAYERS, make_draft
 from specgate.decoding.model import KVCache, Llama, load_llama
-from specgate.decoding.sampling import SamplingParams, warp
 from specgate.decoding.plain import greedy_decode
+from specgate.decoding.sampling import SamplingParams, warp
 from specgate.decoding.torch_target import TorchTarget
 from specgate.decoding.tree import DraftTree
 from specgate.speculative import SpeculativeGenerator

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from specgate.gate import REASONS, Gate, RequestInputs, Route
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
-from specgate.gate import REASONS, Gate, RequestInputs, Route
 from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 

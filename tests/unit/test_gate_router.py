@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from specgate.cost_model.calibration import Calibration
-from specgate.gate.breaker import BreakerState
 from specgate.cost_model.goodput import CostCurve
+from specgate.gate import REASONS, Decision, Gate, RequestInputs, Route
+from specgate.gate.breaker import BreakerState
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import InMemoryMetricFactory
-from specgate.gate.tenants import hash_key
 from specgate.gate.policy import Mode, PolicyError
-from specgate.gate import REASONS, Decision, Gate, RequestInputs, Route
+from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
@@ -288,8 +288,8 @@ def test_load_gate_is_atomic_across_threads(gate: Gate) -> None:
 
 def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     # The adapter passes its LLMRequest and the engines' SpecStats straight in (duck-typed).
-    from specgate.stats import SpecStats as EngineStats
     from specgate.serving.llm_request import LLMRequest
+    from specgate.stats import SpecStats as EngineStats
 
     d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))
     assert (d.route, d.reason, d.tenant) == ("speculative", "prod", TenantLabels(SECRET)("team-b"))

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from specgate.cost_model.calibration import Calibration
-from specgate.decoding.config import EngineConfig
-from specgate.machine import machine
-from specgate.decoding.model import Llama, load_llama
-from specgate.decoding.request import Event, GenerationRequest
-from specgate.decoding.plain import greedy_decode
-from specgate.decoding.torch_target import TorchTarget
 from specgate.cost_model.goodput import CostCurve
-from specgate.speculative.ngram import NgramDrafter
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.model import Llama, load_llama
+from specgate.decoding.plain import greedy_decode
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.torch_target import TorchTarget
+from specgate.machine import machine
 from specgate.speculative import spec_runner
+from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 

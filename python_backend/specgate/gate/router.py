@@ -69,15 +69,31 @@ from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.decision import (
-    CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, GAIN_PROBE, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY, TEMPERATURE,
-    Decision, GateRequest, GateStats, Route, RouteResult,
+    CALIBRATING,
+    CANARY_IN,
+    CANARY_OUT,
+    CIRCUIT_OPEN,
+    GAIN_PROBE,
+    HALF_OPEN_PROBE,
+    LOAD,
+    MODE_OFF,
+    NO_GAIN,
+    PROD,
+    ROUTE_OF,
+    SHADOW,
+    SHADOW_BUSY,
+    TEMPERATURE,
+    Decision,
+    GateRequest,
+    GateStats,
+    Route,
+    RouteResult,
 )
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import FALLBACK_CLOSE, FALLBACK_OPEN, BreakerPolicy, Loaded, Mode, Policy, PolicyStore, TenantPolicy
 from specgate.gate.request_rules import in_canary, requested_mode, setting, speculation, tenant_of
 from specgate.gate.tenants import ORG
-
 
 log = logging.getLogger(__name__)
 

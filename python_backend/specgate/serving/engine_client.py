@@ -27,8 +27,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
-    PARAM_PING, PARAM_REQUEST_KEY, engine_inputs,
+    ENGINE_EXTENSIONS,
+    ENGINE_OUTPUTS,
+    PARAM_ALGORITHM,
+    PARAM_CANCEL,
+    PARAM_CONTINUED,
+    PARAM_HAND_OVER,
+    PARAM_NUM_SPEC_TOKENS,
+    PARAM_PING,
+    PARAM_REQUEST_KEY,
+    engine_inputs,
 )
 from specgate.errors import InvalidInput
 from specgate.gate import Decision

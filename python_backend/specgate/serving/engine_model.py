@@ -17,34 +17,46 @@ from dataclasses import astuple
 from typing import Any, Callable
 
 import numpy as np
+import triton_python_backend_utils as pb_utils
 from pydantic import BaseModel
 
 from specgate.algorithms import ALGORITHMS
 from specgate.contract import (
-    PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY,
+    PARAM_ALGORITHM,
+    PARAM_CALIBRATE,
+    PARAM_CANCEL,
+    PARAM_CONTINUED,
+    PARAM_HAND_OVER,
+    PARAM_NUM_SPEC_TOKENS,
+    PARAM_PING,
+    PARAM_REQUEST_KEY,
     VERIFY_COST_METRIC,
 )
-from specgate.decoding.config import EngineConfig
+from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.stream_pacer import StreamPacer
+from specgate.decoding.config import CalibrationOverride, EngineConfig
 from specgate.decoding.loading import load_target
-from specgate.machine import machine
 from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
-from specgate.cost_model.calibration import Calibration
-from specgate.cost_model.stream_pacer import StreamPacer
-from specgate.decoding.config import CalibrationOverride
+from specgate.errors import InvalidInput
+from specgate.machine import machine
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
 from specgate.serving.parent_watch import watch_parent
-from specgate.stats import SpecStats
 from specgate.serving.triton_io import (
-    FINAL, RequestedOutputsSender, error_response, model_parameters, optional_array, optional_scalar, request_parameters, tensor,
+    FINAL,
+    RequestedOutputsSender,
+    error_response,
+    model_parameters,
+    optional_array,
+    optional_scalar,
+    request_parameters,
+    tensor,
 )
-from specgate.errors import InvalidInput
+from specgate.stats import SpecStats
 from specgate.text.stop_words import parse_stop_words_list
-
-import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 

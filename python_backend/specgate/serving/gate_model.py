@@ -42,6 +42,7 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import triton_python_backend_utils as pb_utils
 from pydantic import BaseModel
 
 from specgate.contract import GATE_TICK
@@ -60,13 +61,17 @@ from specgate.serving.parent_watch import watch_parent
 from specgate.serving.request_context import RequestContext
 from specgate.serving.shadow import Shadow
 from specgate.serving.triton_io import (
-    FINAL, RequestedOutputsSender, error_response, model_parameters, optional_array, request_parameters, unavailable_response,
+    FINAL,
+    RequestedOutputsSender,
+    error_response,
+    model_parameters,
+    optional_array,
+    request_parameters,
+    unavailable_response,
 )
 from specgate.serving.watch import Watches, tick_response
 from specgate.stats import SpecStats
 from specgate.text.tokenizer import PromptTokenizer
-
-import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specgate.decoding.model import Attn, DecoderLayer, KVCache, LlamaConfig, Rotary

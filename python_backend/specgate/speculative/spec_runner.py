@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgate.decoding.config import EngineConfig
-from specgate.decoding.request import Event, GenerationRequest, check_prompt
-from specgate.decoding.batch_runner import QueueFull
-from specgate.decoding.target import Target
 from specgate.cost_model.calibration import Calibration
-from specgate.decoding.config import CalibrationOverride
 from specgate.cost_model.measure import calibrate
+from specgate.decoding.batch_runner import QueueFull
+from specgate.decoding.config import CalibrationOverride, EngineConfig
+from specgate.decoding.request import Event, GenerationRequest, check_prompt
+from specgate.decoding.target import Target
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 
