@@ -108,7 +108,8 @@ def smoke(spec: BuildSpec, ports: Ports, max_tokens: int, failures: list[str]) -
         off = generate(http, prompt, max_tokens, "off")
         prod = generate(http, prompt, max_tokens, "prod")
         check(off.get("route") == "baseline", f"x-speculative-decoding=off -> route {off.get('route')!r}", failures)
-        check(prod.get("route") == "speculative", f"x-speculative-decoding=prod -> route {prod.get('route')!r} ({prod.get('gate_reason')})", failures)
+        check(prod.get("route") == "speculative", f"x-speculative-decoding=prod -> route {prod.get('route')!r} ({prod.get('gate_reason')})",
+              failures)
         check(off["text_output"] == prod["text_output"], f"llm text identical across routes ({len(off['text_output'])} chars)", failures)
         streamed, events = generate_stream_text(http, prompt, max_tokens, "prod")  # decoupled engine, streamed
         check(streamed == prod["text_output"], f"generate_stream text equals generate text ({events} events)", failures)

@@ -44,7 +44,9 @@ class Completion:
         return Usage(prompt_tokens=self.n_prompt, completion_tokens=out, total_tokens=self.n_prompt + out)
 
 
-async def complete(request: Request, body: GenerationRequest, max_tokens: int | None, prompt: str, n_prompt: int, fmt: Format, model: str) -> Response:
+async def complete(
+    request: Request, body: GenerationRequest, max_tokens: int | None, prompt: str, n_prompt: int, fmt: Format, model: str
+) -> Response:
     c = Completion(f"{fmt.prefix}-{uuid.uuid4().hex}", model, body, body.generate_params(max_tokens), n_prompt, fmt)
     headers = gate_headers(request.headers.get(HEADER_API_KEY), request.headers.get(HEADER_SPEC_MODE))
     chunks = request.app.state.triton.generate(prompt, c.params, headers, stream=bool(body.stream))

@@ -60,7 +60,9 @@ class ChatFormat:
         return self._chunk(rid, model, created, [], meta, usage)
 
     @staticmethod
-    def _chunk(rid: str, model: str, created: int, choices: list[ChatChunkChoice], meta: SpecgateMeta, usage: Usage | None = None) -> ChatCompletionChunk:
+    def _chunk(
+        rid: str, model: str, created: int, choices: list[ChatChunkChoice], meta: SpecgateMeta, usage: Usage | None = None
+    ) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=rid, model=model, created=created, choices=choices, usage=usage, specgate=meta)
 
 

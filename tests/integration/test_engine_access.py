@@ -39,7 +39,8 @@ VOCAB = 49152  # SmolLM2's
 
 def _refused(url: str, model: str, arrays: dict[str, np.ndarray], params: dict, key: str | None = None) -> str:
     with pytest.raises(ServerError) as err:
-        list(stream_engine(url, model, arrays, params, ["text_output" if model == "spec_gate" else "output_ids"], timeout_s=120, engine_key=key))
+        list(stream_engine(url, model, arrays, params, ["text_output" if model == "spec_gate" else "output_ids"], timeout_s=120,
+                           engine_key=key))
     return str(err.value)
 
 

@@ -259,8 +259,8 @@ class EngineClient:
             self._handing_over.release()
 
     def _request(
-        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None,
-        already: int,
+        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool,
+        key: str | None, already: int,
     ) -> Any:
         arrays = engine_inputs(
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,

@@ -263,7 +263,8 @@ class EngineModel:
         self.metrics.streaming(self.pacer.pace)
         info = self.runner_target().info
         log.info(
-            "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads, self.cfg.max_batch_size
+            "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads,
+            self.cfg.max_batch_size,
         )
 
     def make_runner(self, cfg: EngineConfig) -> Any:
@@ -353,7 +354,8 @@ class SpeculativeEngineModel(EngineModel):
         tree_nodes = max(ALGORITHMS[name].max_k for name in ALGORITHMS)
         target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes, exact=cfg.exact)
         self.cost_gauge = pb_utils.MetricFamily(
-            name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified", kind=pb_utils.MetricFamily.GAUGE
+            name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified",
+            kind=pb_utils.MetricFamily.GAUGE,
         )
         if cfg.calibration_path is not None:  # the last run's: this engine measures first, the gate meanwhile routes around it
             Calibration.withdraw(cfg.calibration_path)

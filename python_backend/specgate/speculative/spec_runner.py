@@ -159,7 +159,8 @@ class SpeculativeRunner:
             self._end(job, Event([], finished=True))
             return
         r = job.req
-        stream = self.generator.start(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words, r.stop_tail())
+        stream = self.generator.start(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words,
+                                      r.stop_tail())
         try:
             final = self._stream(job, stream)
         finally:
