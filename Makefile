@@ -17,7 +17,7 @@ SCENARIO ?= all
 USERS ?= 4
 DURATION ?= 60s
 
-.PHONY: setup build-engines serve test test-unit soak bench bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
+.PHONY: setup build-engines serve lint test test-unit soak bench bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 	@PATH="$$PATH:/usr/sbin" command -v haproxy >/dev/null && command -v prometheus >/dev/null || \
@@ -43,6 +43,9 @@ ifdef REPLICAS
 else
 	$(VPY) -m specgate_deploy.serve
 endif
+
+lint: setup  ## ruff: lint and import order
+	$(VPY) -m ruff check .
 
 test: build-engines  ## unit + sweeps + integration tests (starts its own tritonserver on ports 18000-18002); PYTEST_ARGS= passes more
 	$(VPY) -m pytest -q $(PYTEST_ARGS)

@@ -37,8 +37,8 @@ from bench.server_cpu import cpu_by_process
 from loadtest.metrics import scrape, value, value_or_none
 from specgate.contract import ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC
 from specgate.decoding.config import EngineConfig
-from specgate_client import GenerateParams, HttpClient
 from specgate.text.tokenizer import PromptTokenizer
+from specgate_client import GenerateParams, HttpClient
 
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -149,8 +149,8 @@ def main() -> None:
     hops = response_cpu_ms(served_cpu, served_responses)
     md = report(args, machine, served, threads, results, load_start, pacing, hops, stream_cost)
     print("\n" + md)
-    write_results(args.name, md, {"args": vars(args), "machine": machine, "engine": served.model_dump(mode="json"), "pacing": pacing, "response_cpu_ms": hops,
-                                  "stream_cost": stream_cost, "results": results})
+    write_results(args.name, md, {"args": vars(args), "machine": machine, "engine": served.model_dump(mode="json"), "pacing": pacing,
+                                  "response_cpu_ms": hops, "stream_cost": stream_cost, "results": results})
 
 
 def streaming_cost(stream: Timing, one: Timing) -> float:
@@ -190,9 +190,11 @@ def report(args: argparse.Namespace, machine: dict, served: EngineConfig, thread
         f"# bench-baseline (greedy, up to {args.tokens} new tokens, {len(DECODE_PROMPTS)} prompts x {args.repeats} repeats)",
         "",
         f"- command: `{' '.join(['python -m bench.baseline', *sys.argv[1:]])}` "
-        f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f})",
+        f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; "
+        f"load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f})",
         *machine_lines(machine),
-        f"- engine: llama.cpp over {GGUF.name}, {threads} threads everywhere; served with exact={served.exact}; floor and engine use the served exact mode",
+        f"- engine: llama.cpp over {GGUF.name}, {threads} threads everywhere; served with exact={served.exact}; "
+        "floor and engine use the served exact mode",
         f"- streaming: {streaming_line(served, pacing)}",
         "- floor, peer and engine each ran in a fresh process of their own while the idle server waited",
         "",
@@ -202,7 +204,8 @@ def report(args: argparse.Namespace, machine: dict, served: EngineConfig, thread
     for name, v in results.items():
         dec = median(v["decode_ms"]) if v["decode_ms"] else None
         md.append(
-            f"| {name} | {spread(v['decode_ms']) if dec else '-'} | {f'{dec / floor:.2f}x' if dec else '-'} | {f'{peer / dec:.2f}' if dec else '-'} | "
+            f"| {name} | {spread(v['decode_ms']) if dec else '-'} | {f'{dec / floor:.2f}x' if dec else '-'} | "
+            f"{f'{peer / dec:.2f}' if dec else '-'} | "
             f"{spread(v['e2e_tps'])} | {median(v['e2e_tps']) / peer_e2e:.2f} | {spread(v['ttft_ms'])} |"
         )
     streamed = median(results["triton-stream"]["decode_ms"])
@@ -210,12 +213,15 @@ def report(args: argparse.Namespace, machine: dict, served: EngineConfig, thread
     fine = every <= FINE_STREAM_MS and cost <= 1 + STREAM_COST_TARGET
     md += [
         "",
-        f"- baseline through Triton, one request (streamed decode speed): {peer / streamed:.2f}x the peer's (target >= 0.90): **{'MET' if peer / streamed >= 0.9 else 'MISSED'}**",
-        f"- streaming: a response every {spread(results['triton-stream']['response_ms'])} ms; the streamed request took {spread(stream_cost, '.2f')}x "
+        f"- baseline through Triton, one request (streamed decode speed): {peer / streamed:.2f}x the peer's (target >= 0.90): "
+        f"**{'MET' if peer / streamed >= 0.9 else 'MISSED'}**",
+        f"- streaming: a response every {spread(results['triton-stream']['response_ms'])} ms; "
+        f"the streamed request took {spread(stream_cost, '.2f')}x "
         f"the one-response request's time after the first token, per prompt (target: every {FINE_STREAM_MS:g} ms or finer at <= "
         f"{1 + STREAM_COST_TARGET:.2f}x): **{'MET' if fine else 'MISSED'}**; its decode was "
         f"{streamed / median(results['engine']['decode_ms']):.2f}x the in-process engine's (another process, another moment)",
-        f"- CPU time of one streamed response outside the engine (streamed less one-response requests, per extra response): {hops_line(hops)}",
+        "- CPU time of one streamed response outside the engine (streamed less one-response requests, per extra response): "
+        f"{hops_line(hops)}",
     ]
     return "\n".join(md)
 

@@ -39,10 +39,10 @@ from bench.common import ROOT, batching_check, machine_lines, machine_record, me
 from bench.peer import DecodeProcess
 from bench.prompts import load_prompts
 from specgate.algorithms import ALGORITHMS
+from specgate.decoding.batch_runner import BatchRunner
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.request import Event, GenerationRequest
-from specgate.decoding.batch_runner import BatchRunner
 from specgate.speculative.registry import build_drafters
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
@@ -210,7 +210,9 @@ def build(args: argparse.Namespace) -> Setup:
     return Setup(configs, steps, [batched, unbatched, spec], sorted(spec.generator.drafters), spec, floor)
 
 
-def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eos: int) -> tuple[dict[str, dict[int, list[dict]]], list[float]]:
+def measure(
+    setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eos: int
+) -> tuple[dict[str, dict[int, list[dict]]], list[float]]:
     """Every cell once per repeat, in an order rotated per repeat; the floor once per repeat."""
     for submit in setup.configs.values():  # warm-up: first-call allocations and kernel selection
         run_cell(submit, prompts[:2], 8, eos)
@@ -229,11 +231,14 @@ def measure(setup: Setup, prompts: list[list[int]], args: argparse.Namespace, eo
                 if name == "batched":
                     cell["steps"] = setup.steps.take()
                 cells[name][c].append(cell)
-                print(f"  rep {rep + 1} c={c} {name:14s} {cell['tok_s']:6.1f} tok/s  {cell['tokens']} tokens in {cell['wall_s']:.1f}s", flush=True)
+                print(f"  rep {rep + 1} c={c} {name:14s} {cell['tok_s']:6.1f} tok/s  {cell['tokens']} tokens in {cell['wall_s']:.1f}s",
+                      flush=True)
     return cells, floor_ms
 
 
-def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Setup, cells: dict, floor_ms: list[float]) -> tuple[str, dict]:
+def report(
+    args: argparse.Namespace, started: datetime, machine: dict, setup: Setup, cells: dict, floor_ms: list[float]
+) -> tuple[str, dict]:
     configs = setup.configs
     summary = {name: {c: summarize(cells[name][c]) for c in CONCURRENCY} for name in configs}
     # llama.cpp's numbers can differ with the batch shape, so report how often outputs equal the unbatched ones.
@@ -257,11 +262,16 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
     lines = [
         f"# bench-batching ({args.backend}, greedy, up to {args.tokens} new tokens, {args.repeats} repeats, median [min-max])",
         "",
-        f"- command: `python -m bench.batching --backend {args.backend} --tokens {args.tokens} --repeats {args.repeats} --algorithms {args.algorithms}` ({started:%Y-%m-%d %H:%M} UTC)",
+        f"- command: `python -m bench.batching --backend {args.backend} --tokens {args.tokens} --repeats {args.repeats} "
+        f"--algorithms {args.algorithms}` ({started:%Y-%m-%d %H:%M} UTC)",
         *machine_lines(machine),
         f"- drafters loaded: {', '.join(setup.drafters)}; the speculative engine calibrated on this machine"
         + (f": cost(1) {curve.cost(1):.2f} ms, cost(8) {curve.ratio(8):.2f}x" if curve else " (calibration failed)"),
-        f"- floor (bare decode loop, fresh process, first prompt, once per repeat): {spread(floor_ms)} ms/token" if floor_ms else "- floor: llama.cpp only",
+        (
+            f"- floor (bare decode loop, fresh process, first prompt, once per repeat): {spread(floor_ms)} ms/token"
+            if floor_ms
+            else "- floor: llama.cpp only"
+        ),
         "",
         "| c | configuration | throughput tok/s | TPOT p50 ms | TPOT p95 ms | TTFT p50 s | outputs = unbatched |",
         "|---|---|---|---|---|---|---|",
@@ -279,11 +289,16 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
         (
             f"- Batched steps: a decode step of 8 sequences {steps['step8_ms']:.1f} ms against {steps['step1_ms']:.1f} ms for one "
             f"({steps['step8_ms'] / steps['step1_ms']:.2f}x: batching 8 buys at most {8 * steps['step1_ms'] / steps['step8_ms']:.2f}x); "
-            f"steps that took in prompt tokens: {steps['prompt_share_c8']:.0%} of the c=8 cells' step time (medians over every such step of the run)."
+            f"steps that took in prompt tokens: {steps['prompt_share_c8']:.0%} of the c=8 cells' step time "
+            "(medians over every such step of the run)."
             if steps
             else "- Batched steps: no decode step of 1 or of 8 sequences was seen."
         ),
-        f"- Batched p50 TPOT at c=1 over the floor: {b[1]['tpot_p50_ms']['median'] / median(floor_ms):.2f}x." if floor_ms else "- Floor not measured.",
+        (
+            f"- Batched p50 TPOT at c=1 over the floor: {b[1]['tpot_p50_ms']['median'] / median(floor_ms):.2f}x."
+            if floor_ms
+            else "- Floor not measured."
+        ),
         f"- Batched p50 TPOT c=8 / c=1: {tpot_ratio:.2f}x (target <= 2x: {'met' if tpot_ratio <= 2 else 'NOT met'}).",
     ]
     for n, c in cross.items():
@@ -298,7 +313,10 @@ def report(args: argparse.Namespace, started: datetime, machine: dict, setup: Se
         "summary": summary, "match_unbatched": match, "crossover": cross, "floor_ms": floor_ms,
         "curve": curve.model_dump() if curve else None, "batched_steps": steps,
         "batched_scaling_c8_over_c1": scaling, "batched_tpot_p50_c8_over_c1": tpot_ratio,
-        "cells": {n: {c: [{k: v for k, v in cell.items() if k != "outputs"} for cell in cs] for c, cs in by_c.items()} for n, by_c in cells.items()},
+        "cells": {
+            n: {c: [{k: v for k, v in cell.items() if k != "outputs"} for cell in cs] for c, cs in by_c.items()}
+            for n, by_c in cells.items()
+        },
     }
     return "\n".join(lines) + "\n", raw
 
@@ -316,7 +334,8 @@ def main() -> None:
     prompts = [tok.encode_prompt(p.text) for p in load_prompts("chat", max(CONCURRENCY))]
     setup = build(args)
     started = datetime.now(timezone.utc)
-    print(f"[bench-batching] {started:%Y-%m-%d %H:%M} UTC, {args.backend}, drafters loaded: {setup.drafters}, measuring: {list(setup.configs)}", flush=True)
+    print(f"[bench-batching] {started:%Y-%m-%d %H:%M} UTC, {args.backend}, drafters loaded: {setup.drafters}, "
+          f"measuring: {list(setup.configs)}", flush=True)
     try:
         cells, floor_ms = measure(setup, prompts, args, tok.eos_id)
     finally:

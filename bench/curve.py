@@ -82,7 +82,8 @@ def report(sets: list[KernelSet], gguf: Path, record: dict, rounds: int, command
         "",
         f"`{command}`: {rounds} rounds, the kernel sets alternated within each; median [min-max] over rounds.",
         *machine_lines(record),
-        f"- exact target's weights: {'repacked (AMX / CPU repack, kept by its invariance probe)' if sets[0].target.repacked else 'file layout'}",
+        "- exact target's weights: "
+        f"{'repacked (AMX / CPU repack, kept by its invariance probe)' if sets[0].target.repacked else 'file layout'}",
         "",
         "| kernels | cost(1) ms | floor ms | " + " | ".join(f"T={t}" for t in SIZES[1:]) + f" | prefill {PREFILL} ms |",
         "|---|---|---|" + "---|" * (len(SIZES) - 1) + "---|",
@@ -100,7 +101,8 @@ def report(sets: list[KernelSet], gguf: Path, record: dict, rounds: int, command
     lines += [
         "",
         "Issue 48's bars for exact mode (paired per round against the per-row kernels):",
-        f"- cost(4)/cost(1) {c4:.2f} (<= 1.7: {'met' if c4 <= 1.7 else 'NOT met'}); cost(8)/cost(1) {c8:.2f} (<= 2.5: {'met' if c8 <= 2.5 else 'NOT met'})",
+        f"- cost(4)/cost(1) {c4:.2f} (<= 1.7: {'met' if c4 <= 1.7 else 'NOT met'}); "
+        f"cost(8)/cost(1) {c8:.2f} (<= 2.5: {'met' if c8 <= 2.5 else 'NOT met'})",
         f"- cost(1) {one:.2f}x the per-row kernels' (<= 1.03: {'met' if one <= 1.03 else 'NOT met'})",
         f"- prefill of {PREFILL} tokens {pre:.2f}x the per-row kernels' (<= 1.0: {'met' if pre <= 1.0 else 'NOT met'})",
     ]
@@ -130,7 +132,8 @@ def main() -> None:
     md = report(sets, args.gguf, record, args.rounds, command)
     print(md)
     raw = {"machine": record, "gguf": str(args.gguf), "rounds": args.rounds, "repacked": sets[0].target.repacked,
-           "sets": {s.name: {"cost1_ms": s.cost1, "floor_ms": s.floor, "ratios": {str(t): v for t, v in s.ratios.items()}, "prefill_ms": s.prefill} for s in sets}}
+           "sets": {s.name: {"cost1_ms": s.cost1, "floor_ms": s.floor, "ratios": {str(t): v for t, v in s.ratios.items()},
+                             "prefill_ms": s.prefill} for s in sets}}
     write_results(args.name, md, raw)
 
 

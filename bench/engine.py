@@ -47,16 +47,15 @@ from bench.common import ROOT, machine_lines, machine_record, median, spread, wr
 from bench.peer import Peer
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.algorithms import ALGORITHMS
-from specgate.decoding.config import EngineConfig
-from specgate.cost_model.measure import measure
 from specgate.cost_model.goodput import CostCurve
+from specgate.cost_model.measure import calibrate, measure
+from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.plain import plain_decode
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
 from specgate.gate import Gate, RequestInputs, Route
 from specgate.speculative import SpecStats, SpeculativeGenerator
-from specgate.cost_model.measure import calibrate
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -340,7 +339,8 @@ def greedy_identity(target: Target, ids: list[int], runs: list[dict], routes: li
             ref, got = r["baseline"]["output"], r[name]["output"]
             if ref != got:
                 pos = next(i for i, (a, b) in enumerate(zip(ref + [-1], got + [-2])) if a != b)
-                gaps.append({"prompt": r["prompt"], "position": pos, "logit_gap": logit_gap(target, ids[r["prompt"]] + ref[:pos], ref, got, pos)})
+                gaps.append({"prompt": r["prompt"], "position": pos,
+                             "logit_gap": logit_gap(target, ids[r["prompt"]] + ref[:pos], ref, got, pos)})
         out[name] = {"identical": len(runs) - len(gaps), "prompts": len(runs), "divergences": gaps}
     return out
 
@@ -361,13 +361,17 @@ def report(args, machine: dict, prompts: list, results: dict, identity: dict, cu
         f"# bench-engine: speculative algorithms vs the baseline engine ({args.backend} engine)",
         "",
         f"- command: `python -m bench.engine --per-category {args.per_category} --tokens {args.tokens} --temperatures {args.temperatures} "
-        f"--backend {args.backend} --repeats {args.repeats}" + (f" --algorithms {args.algorithms}" if args.algorithms != ",".join(ALGORITHMS) else "") + "`",
+        f"--backend {args.backend} --repeats {args.repeats}"
+        + (f" --algorithms {args.algorithms}" if args.algorithms != ",".join(ALGORITHMS) else "")
+        + "`",
         f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {elapsed / 60:.1f} min of measurement; "
         f"load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f}",
         *machine_lines(machine),
-        f"- sample: {len(prompts)} prompts ({', '.join(f'{c} {n}' for c, n in counts.items())}) of bench/prompts.py, up to {args.tokens} new tokens "
+        f"- sample: {len(prompts)} prompts ({', '.join(f'{c} {n}' for c, n in counts.items())}) of bench/prompts.py, "
+        f"up to {args.tokens} new tokens "
         f"each (stop at EOS), every route on every prompt {args.repeats} time(s), interleaved; each route's median run per prompt",
-        f"- gated: {', '.join(f'{d} {decisions.count(d)}' for d in sorted(set(decisions)))} of {len(decisions)} decisions (warm-up included)",
+        f"- gated: {', '.join(f'{d} {decisions.count(d)}' for d in sorted(set(decisions)))} of {len(decisions)} decisions "
+        "(warm-up included)",
         "",
         "## Verification cost curves (ms per decode of T tokens; ratio to T=1)",
         "",
@@ -387,7 +391,10 @@ def report(args, machine: dict, prompts: list, results: dict, identity: dict, cu
         lines += ["", "## T=0 identity with the baseline engine", ""]
         for name, m in identity.items():
             gaps = sorted(g["logit_gap"] for g in m["divergences"])
-            lines.append(f"- {name}: {m['identical']}/{m['prompts']} identical" + (f"; logit gap at each first divergence: {', '.join(f'{x:.3f}' for x in gaps)}" if gaps else ""))
+            lines.append(
+                f"- {name}: {m['identical']}/{m['prompts']} identical"
+                + (f"; logit gap at each first divergence: {', '.join(f'{x:.3f}' for x in gaps)}" if gaps else "")
+            )
     lines += ["", "## Checks", "", *targets(results)]
     return "\n".join(lines) + "\n"
 

@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mode", choices=("off", "prod"), default="off", help="x-speculative-decoding for both paths")
-    ap.add_argument("--http-port", type=int, default=38000, help="the run's server: HTTP, then gRPC, metrics and the front on the next three ports")
+    ap.add_argument("--http-port", type=int, default=38000,
+                    help="the run's server: HTTP, then gRPC, metrics and the front on the next three ports")
     args = ap.parse_args()
     machine = machine_record()
     load_start = os.getloadavg()
@@ -66,7 +67,10 @@ def main() -> None:
         ports = replace(ports, front=args.http_port + 3)
         with running_front(ports, ROOT / "results" / f"bench-front-{ports.front}.log"):
             client, session, url = GrpcClient(f"localhost:{ports.grpc}"), requests.Session(), f"http://127.0.0.1:{ports.front}"
-            paths = {"direct": lambda p, n: direct(client, p, n, args.mode), "front": lambda p, n: through_front(session, url, p, n, args.mode)}
+            paths = {
+                "direct": lambda p, n: direct(client, p, n, args.mode),
+                "front": lambda p, n: through_front(session, url, p, n, args.mode),
+            }
             for fn in paths.values():  # warm-up
                 fn(DECODE_PROMPTS[0], 8)
             for r in range(args.repeats):
@@ -78,14 +82,17 @@ def main() -> None:
                         res[name].append(tpot_ms(points))
                         ttft[name].append(1000 * points[0][0])
                     same_text += texts["direct"] == texts["front"]
-                print(f"[bench-front] repeat {r + 1}/{args.repeats}: direct {median(res['direct']):.1f} ms, front {median(res['front']):.1f} ms", flush=True)
+                print(f"[bench-front] repeat {r + 1}/{args.repeats}: direct {median(res['direct']):.1f} ms, "
+                      f"front {median(res['front']):.1f} ms", flush=True)
     ratio = [f / d for f, d in zip(res["front"], res["direct"])]
     n = len(ratio)
     md = [
-        f"# bench-front (x-speculative-decoding: {args.mode}, T=0, up to {args.tokens} tokens, {len(DECODE_PROMPTS)} prompts x {args.repeats}, streamed)",
+        f"# bench-front (x-speculative-decoding: {args.mode}, T=0, up to {args.tokens} tokens, "
+        f"{len(DECODE_PROMPTS)} prompts x {args.repeats}, streamed)",
         "",
         f"- command: `python -m bench.front --tokens {args.tokens} --repeats {args.repeats} --mode {args.mode}` "
-        f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f})",
+        f"({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; "
+        f"load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f})",
         *machine_lines(machine),
         "",
         "| path | TPOT ms | TTFT ms |",
@@ -97,7 +104,8 @@ def main() -> None:
         f"- same text in {same_text}/{n} pairs",
     ]
     print("\n".join(md))
-    write_results("bench-front", "\n".join(md) + "\n", {"args": vars(args), "machine": machine, "tpot_ms": res, "ttft_ms": ttft, "ratio": ratio})
+    write_results("bench-front", "\n".join(md) + "\n",
+                  {"args": vars(args), "machine": machine, "tpot_ms": res, "ttft_ms": ttft, "ratio": ratio})
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 
-
 from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, write_results
 from bench.gate_decision import measure
 from bench.prompts_fixed import DECODE_PROMPTS
+from specgate.contract import engine_inputs
 from specgate_client import GenerateParams, GrpcClient, stream_engine
 from specgate_launcher import engine_key
-from specgate.contract import engine_inputs
 
 
 def tpot_ms(points: list[tuple[float, int]]) -> float:
@@ -63,7 +62,10 @@ def main() -> None:
     print(f"[bench-gate] decide(): p50 {dec['p50_us']:.1f} us, p99 {dec['p99_us']:.1f} us", flush=True)
 
     tok = AutoTokenizer.from_pretrained(str(ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"))
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)["input_ids"]) for p in DECODE_PROMPTS]
+    ids = [
+        list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)["input_ids"])
+        for p in DECODE_PROMPTS
+    ]
     res: dict[str, list[float]] = {"direct": [], "gate": []}
     with running_server(ROOT / "artifacts" / "model_repository") as (ports, _):
         url = f"localhost:{ports.grpc}"
@@ -80,9 +82,11 @@ def main() -> None:
     md = [
         "# bench-gate",
         "",
-        f"Decision latency, `Gate.decide()` in-process, {dec['n']} mixed decisions: p50 {dec['p50_us']:.1f} us, p99 {dec['p99_us']:.1f} us, max {dec['max_us']:.1f} us (target p99 < 100 us).",
+        f"Decision latency, `Gate.decide()` in-process, {dec['n']} mixed decisions: p50 {dec['p50_us']:.1f} us, "
+        f"p99 {dec['p99_us']:.1f} us, max {dec['max_us']:.1f} us (target p99 < 100 us).",
         "",
-        f"End to end, speculative ({args.algorithm}, k={args.k}), {args.tokens} tokens, {len(DECODE_PROMPTS)} prompts x {args.repeats}, gRPC streaming:",
+        f"End to end, speculative ({args.algorithm}, k={args.k}), {args.tokens} tokens, "
+        f"{len(DECODE_PROMPTS)} prompts x {args.repeats}, gRPC streaming:",
         "",
         "| path | TPOT ms |",
         "|---|---|",

@@ -137,7 +137,8 @@ def main() -> None:
             t, outputs[k] = decoders[k].ms_per_token(prompt, args.tokens)
             ms[k].append(t)
     print(machine().line())
-    print(f"{args.rounds} rounds of {args.tokens} greedy tokens, {args.threads} threads, {'upstream kernels' if args.upstream else 'exact mode'}")
+    print(f"{args.rounds} rounds of {args.tokens} greedy tokens, {args.threads} threads, "
+          f"{'upstream kernels' if args.upstream else 'exact mode'}")
     for k, b in builds.items():
         print(f"  {k}: {spread(ms[k], '.2f')} ms/token  ({b.cpu_lib})")
     ratios = [b / a for a, b in zip(ms["a"], ms["b"])]

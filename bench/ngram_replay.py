@@ -122,7 +122,8 @@ def main() -> None:
         replies.append((p.category, ids, plain_decode(target, ids, args.tokens, SamplingParams(), target.info.eos_token_id)))
     # per pass over the replies: a drafter for each request (ngram-mod's one table shared by the pass's requests)
     drafters: dict[str, Callable[[], Callable[[], Propose]]] = {
-        "ours k=5": lambda: ours(5), "ours k=16": lambda: ours(16), "ngram-mod n=24": lambda: NgramMod().make, "ngram-map-k4v n=2 k=5": ngram_map_k4v,
+        "ours k=5": lambda: ours(5), "ours k=16": lambda: ours(16), "ngram-mod n=24": lambda: NgramMod().make,
+        "ngram-map-k4v n=2 k=5": ngram_map_k4v,
     }
     print("\n| drafter | category | drafted/step | accepted/drafted | accepted/step |\n|---|---|---|---|---|")
     for name, session in drafters.items():

@@ -104,7 +104,8 @@ def _peer(setup: dict):  # noqa: ANN202
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=setup["gguf"], n_ctx=setup["n_ctx"], n_threads=setup["threads"], n_threads_batch=setup["threads"], n_batch=512, verbose=False
+        model_path=setup["gguf"], n_ctx=setup["n_ctx"], n_threads=setup["threads"], n_threads_batch=setup["threads"], n_batch=512,
+        verbose=False,
     )
 
     def decode(ids: list[int], max_tokens: int, temperature: float, seed: int, eos: int | None) -> PeerRun:
@@ -113,7 +114,8 @@ def _peer(setup: dict):  # noqa: ANN202
         llm.set_seed(seed)
         start = time.perf_counter()
         # temperature only (top-k / top-p / min-p off), like the engines' default sampling
-        return _take(start, llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=False), max_tokens, eos)
+        return _take(start, llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=False),
+                     max_tokens, eos)
 
     return decode
 
@@ -122,7 +124,8 @@ def _config(setup: dict, **extra: Any):  # noqa: ANN202
     """The engine config of one sequence that the floor and the engine path share."""
     from specgate.decoding.config import EngineConfig
 
-    return EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"], exact=setup["exact"], **extra)
+    return EngineConfig(model=Path(setup["gguf"]), max_context=setup["n_ctx"], max_batch_size=1, num_threads=setup["threads"],
+                        exact=setup["exact"], **extra)
 
 
 def _floor(setup: dict):  # noqa: ANN202
@@ -176,7 +179,8 @@ def _engine(setup: dict):  # noqa: ANN202
                 done.set()
 
         start = time.perf_counter()
-        runner.submit(GenerationRequest(input_ids=ids, max_new_tokens=max_tokens, end_id=eos, sampling=SamplingParams(temperature=temperature, seed=seed)), emit)
+        runner.submit(GenerationRequest(input_ids=ids, max_new_tokens=max_tokens, end_id=eos,
+                                        sampling=SamplingParams(temperature=temperature, seed=seed)), emit)
         done.wait()
         return _timed(start, times, out)
 

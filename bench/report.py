@@ -49,14 +49,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import ROOT, RESULTS, batching_check, machine_lines, machine_record, median, spread, wait_calibrated  # noqa: E402
+from bench.common import RESULTS, ROOT, batching_check, machine_lines, machine_record, median, spread, wait_calibrated  # noqa: E402
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
-from specgate_client import HttpClient  # noqa: E402
 from specgate.cost_model.calibration import Calibration  # noqa: E402
 from specgate.cost_model.goodput import CostCurve  # noqa: E402
 from specgate.gate.tenants import hash_key  # noqa: E402
+from specgate_client import HttpClient  # noqa: E402
 from specgate_launcher import Ports, running, server_env  # noqa: E402
 
 OUT = RESULTS / "report"
@@ -171,7 +171,8 @@ def run_cell(scenario: str, c: int, ports: Any, args: argparse.Namespace, repeat
     before = metrics.scrape(murl)
     samples, wall = closed_loop(f"localhost:{ports.http}", requests_for(scenario, max(6, args.per_worker * c), args.max_tokens), c)
     cell = Cell(scenario, c, wall, samples, metrics.gate_deltas(before, metrics.scrape(murl)), repeat)
-    print(f"[report] {scenario:<17} c={c}{f' (repeat {repeat + 1})' if args.repeats > 1 and scenario in SERIES else ''}: {len(cell.ok)} ok, {cell.errors} errors, TPOT {spread(cell.tpot_ms())} ms, "
+    print(f"[report] {scenario:<17} c={c}{f' (repeat {repeat + 1})' if args.repeats > 1 and scenario in SERIES else ''}: "
+          f"{len(cell.ok)} ok, {cell.errors} errors, TPOT {spread(cell.tpot_ms())} ms, "
           f"{cell.throughput:.1f} tok/s, speculative {cell.speculative_share:.0%}, {wall:.0f}s", flush=True)
     return cell
 
@@ -261,7 +262,8 @@ def plot_engine(engine: dict) -> str | None:
     algs = [r["algorithm"] for r in results[temp][cats[0]] if r["algorithm"] != "baseline"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / max(len(algs), 1)
-    for ax, key, title in ((axes[0], "median_speedup", "speedup over baseline (median)"), (axes[1], "accepted_per_step", "tokens per verification step")):
+    for ax, key, title in ((axes[0], "median_speedup", "speedup over baseline (median)"),
+                           (axes[1], "accepted_per_step", "tokens per verification step")):
         for i, alg in enumerate(algs):
             vals = [next((r.get(key) or 0.0 for r in results[temp][c] if r["algorithm"] == alg), 0.0) for c in cats]
             ax.bar([x + i * width for x in range(len(cats))], vals, width, label=alg)
@@ -298,7 +300,8 @@ def checks(cells: list[Cell], levels: list[int], repeats: list[Cell], curve: Cos
                    f"throughput {g.throughput:.1f} vs baseline {b.throughput:.1f} ({pct(g.throughput, b.throughput)}) and "
                    f"speculative {s.throughput:.1f}; gated served {g.speculative_share:.0%} speculative")
     out += ["", f"**Gated never worse than baseline (TPOT and throughput within {TOLERANCE:.0%}): "
-            f"{'yes' if not worse else 'NO at c=' + ', '.join(map(str, worse))}** (medians of each scenario's pooled cells; the machine's noise is of that order)."]
+            f"{'yes' if not worse else 'NO at c=' + ', '.join(map(str, worse))}** "
+            "(medians of each scenario's pooled cells; the machine's noise is of that order)."]
     if {1, 8} <= set(levels):
         base = {(c.repeat, c.concurrency): c.throughput for c in repeats if c.scenario == "baseline"}
         ratios = [base[(r, 8)] / base[(r, 1)] for r in sorted({r for r, _ in base})]
@@ -328,8 +331,12 @@ def why_defaults(meta: dict[str, Any]) -> list[str]:
     g = meta["policies"]["gated"]
     _, batching = included("bench-batching")
     crossover = (batching or {}).get("crossover") or {}
-    measured = (f"this machine's latest `make bench-batching` ({batching['started_utc'][:16]} UTC) found the crossover at "
-                + ", ".join(f"c={c} against {alg}" for alg, c in crossover.items())) if crossover else "run `make bench-batching` to measure the crossover here"
+    measured = (
+        (f"this machine's latest `make bench-batching` ({batching['started_utc'][:16]} UTC) found the crossover at "
+         + ", ".join(f"c={c} against {alg}" for alg, c in crossover.items()))
+        if crossover
+        else "run `make bench-batching` to measure the crossover here"
+    )
     omp = ", ".join(f"{k}={v}" for k, v in sorted(meta["openmp"].items()))
     return [
         "## Why the defaults are what they are", "",
@@ -363,9 +370,11 @@ def write_report(repeats: list[Cell], levels: list[int], args: argparse.Namespac
         f"- date: {meta['date']}; {meta['minutes']:.1f} min of measurement",
         *machine_lines(meta["machine"]),
         f"- load average {meta['load_start']:.1f} at start, "
-        f"{meta['load_end']:.1f} at end" + (" (**shared with other jobs**: numbers are noisier and slower than on an idle machine)" if meta["shared"] else ""),
-        f"- engines: {meta['engine']['backend']} ({meta['engine']['model']}), dtype {meta['dtype']}; speculative algorithm {meta['algorithm']}, "
-        f"{meta['k'] or 'the engine default of'} draft tokens; baseline engine batches up to 8, the speculative engine serves one sequence at a time",
+        f"{meta['load_end']:.1f} at end"
+        + (" (**shared with other jobs**: numbers are noisier and slower than on an idle machine)" if meta["shared"] else ""),
+        f"- engines: {meta['engine']['backend']} ({meta['engine']['model']}), dtype {meta['dtype']}; "
+        f"speculative algorithm {meta['algorithm']}, {meta['k'] or 'the engine default of'} draft tokens; "
+        "baseline engine batches up to 8, the speculative engine serves one sequence at a time",
         f"- requests: greedy (T=0) except mixed-temperature, up to {args.max_tokens} new tokens, HTTP generate_stream, "
         f"loadtest's built-in prompt mix (loadtest/workloads.py), max(6, {args.per_worker} x c) requests per cell, closed loop"
         + (f"; {args.repeats} repeats of every cell but mixed-temperature, pooled in the tables" if args.repeats > 1 else ""),
@@ -373,7 +382,8 @@ def write_report(repeats: list[Cell], levels: list[int], args: argparse.Namespac
         f"- reproduce: `make bench` (report step: `{meta['command']}`)",
     ]
     g = meta["policies"]["gated"]
-    md.append(f"- gated policy (policy/default.yaml as of this run): mode {g['mode']}, temperature > {g['temperature_threshold']} -> baseline, "
+    md.append(f"- gated policy (policy/default.yaml as of this run): mode {g['mode']}, "
+              f"temperature > {g['temperature_threshold']} -> baseline, "
               f"load.max_in_flight {g['load']['max_in_flight']}, breaker opens below {g['breaker']['open_threshold']} acceptance EMA "
               f"after {g['breaker']['min_samples']} requests (cooldown {g['breaker']['cooldown_s']} s)")
     if meta["eagle_head"]:
@@ -394,7 +404,8 @@ def write_report(repeats: list[Cell], levels: list[int], args: argparse.Namespac
     rates: dict[str, list[float]] = {}
     md += ["", "## Acceptance by draft position", "",
            "Deltas of `spec_decode_num_accepted_tokens_per_pos_total{position}` / `spec_decode_num_drafts_total` over each scenario.", "",
-           "| scenario | drafts | draft tokens | accepted | acceptance rate | mean acceptance length | per position |", "|---|---|---|---|---|---|---|"]
+           "| scenario | drafts | draft tokens | accepted | acceptance rate | mean acceptance length | per position |",
+           "|---|---|---|---|---|---|---|"]
     for sc in dict.fromkeys(c.scenario for c in cells):
         sc_cells = [c for c in cells if c.scenario == sc]
         t, per = summed(sc_cells, "totals"), summed(sc_cells, "accepted_per_position")
@@ -403,7 +414,8 @@ def write_report(repeats: list[Cell], levels: list[int], args: argparse.Namespac
         positions = max([meta["k"] or 0, *(int(p) + 1 for p in per)])  # k None: the engine's default
         rates[sc] = [per.get(str(i), 0.0) / t["num_drafts"] for i in range(positions)]
         md.append(f"| {sc} | {t['num_drafts']:.0f} | {t['num_draft_tokens']:.0f} | {t['num_accepted_tokens']:.0f} | "
-                  f"{t['num_accepted_tokens'] / max(t['num_draft_tokens'], 1):.2f} | {1 + t['num_accepted_tokens'] / t['num_drafts']:.2f} | "
+                  f"{t['num_accepted_tokens'] / max(t['num_draft_tokens'], 1):.2f} | "
+                  f"{1 + t['num_accepted_tokens'] / t['num_drafts']:.2f} | "
                   + ", ".join(f"{r:.2f}" for r in rates[sc]) + " |")
     if rates:
         md += ["", f"![acceptance by position]({plot_positions(rates)})"]
@@ -419,7 +431,9 @@ def write_report(repeats: list[Cell], levels: list[int], args: argparse.Namespac
 
     path = OUT / "report.md"
     path.write_text("\n".join(md) + "\n")
-    (OUT / "runs.json").write_text(json.dumps({"meta": meta, "cells": [{**asdict(c), "samples": [asdict(s) for s in c.samples]} for c in repeats]}, indent=1))
+    (OUT / "runs.json").write_text(
+        json.dumps({"meta": meta, "cells": [{**asdict(c), "samples": [asdict(s) for s in c.samples]} for c in repeats]}, indent=1)
+    )
     return path
 
 
@@ -452,18 +466,21 @@ def main() -> None:
         closed_loop(url, requests_for("speculative", 2, args.max_tokens), 1)
         active = gated
         # rotated per level and per repeat: load drift hits every series
-        plan = [(sc, c, r) for r in range(args.repeats) for i, c in enumerate(levels) for sc in SERIES[(i + r) % 3:] + SERIES[: (i + r) % 3]]
+        plan = [(sc, c, r) for r in range(args.repeats) for i, c in enumerate(levels)
+                for sc in SERIES[(i + r) % 3:] + SERIES[: (i + r) % 3]]
         for sc, c, r in [*plan, ("mixed-temperature", args.mixed_concurrency, 0)]:
             if (want := spec if sc == "speculative" else gated) is not active:
                 apply_policy(want)
                 active = want
             cells.append(run_cell(sc, c, ports, args, r))
     meta = {
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine_record(), "engine": engine,
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "minutes": (time.perf_counter() - t0) / 60, "machine": machine_record(),
+        "engine": engine,
         # load before our own server starts: >= 1 means other jobs held at least a core
         "load_start": load_start, "load_end": os.getloadavg()[0], "shared": load_start >= 1.0,
         "dtype": engine["dtype"], "algorithm": gated["speculative"]["algorithm"], "k": gated["speculative"]["num_speculative_tokens"],
-        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "command": "python -m bench.report " + " ".join(sys.argv[1:]), "policies": {"gated": gated, "speculative": spec},
+        "eagle_head": head_stamp(engine.get("eagle_head_dir")), "command": "python -m bench.report " + " ".join(sys.argv[1:]),
+        "policies": {"gated": gated, "speculative": spec},
         "openmp": {k: v for k, v in server_env().items() if k.startswith(("OMP_", "GOMP_"))},
     }
     print(f"[report] wrote {write_report(cells, levels, args, meta, curve)}")

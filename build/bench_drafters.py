@@ -89,7 +89,8 @@ def main() -> None:
     ap.add_argument("--eagle2", default="5:4:8", help="comma list of depth:top_k:total_tokens to try")
     ap.add_argument("--hybrid", default="8:5", help="comma list of tree_nodes:chain_tokens to try (default tree shape)")
     args = ap.parse_args()
-    cfg = EngineConfig(backend=args.backend, model=GGUF if args.backend == "llamacpp" else CKPT, dtype=args.dtype, num_threads=args.threads, max_context=MAX_LEN)
+    cfg = EngineConfig(backend=args.backend, model=GGUF if args.backend == "llamacpp" else CKPT, dtype=args.dtype, num_threads=args.threads,
+                       max_context=MAX_LEN)
     texts = json.loads(PROMPTS.read_text())
     step = len(texts) / args.prompts
     tok = PromptTokenizer(CKPT, MAX_LEN)
@@ -108,7 +109,8 @@ def main() -> None:
         configs.append(("ngram", NgramDrafter(), ks or [ALGORITHMS["ngram"].default_k]))
     if "draft_model" in algos:
         for n in map(int, args.draft_layers.split(",")):
-            configs.append((f"draft_model ({n} layers)", DraftModelDrafter(first_layers(cfg, n, scratch), V), ks or [ALGORITHMS["draft_model"].default_k]))
+            configs.append((f"draft_model ({n} layers)", DraftModelDrafter(first_layers(cfg, n, scratch), V),
+                            ks or [ALGORITHMS["draft_model"].default_k]))
     if set(EAGLE_HEAD_ALGORITHMS) & set(algos):
         if not (args.eagle_head / "config.json").exists():
             print(f"(no EAGLE head at {args.eagle_head}: {'/'.join(EAGLE_HEAD_ALGORITHMS)} skipped; `make train-eagle` writes it)")

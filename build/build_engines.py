@@ -38,13 +38,15 @@ def build_cpu(args: argparse.Namespace) -> None:
     tokenizer_dir, head = ckpt, HEAD_DIR if (HEAD_DIR / "eagle_head.safetensors").exists() else None
     if args.model is not None:  # a user's own GGUF
         if args.engine != "cpu":
-            raise SystemExit("[build-engines] error: MODEL= is served by the llama.cpp engine (ENGINE=cpu); the PyTorch reference serves the shipped model")
+            raise SystemExit("[build-engines] error: MODEL= is served by the llama.cpp engine (ENGINE=cpu); "
+                             "the PyTorch reference serves the shipped model")
         model, draft, head = args.model.resolve(), args.draft, None
         if not model.exists():
             raise SystemExit(f"[build-engines] error: no GGUF at {model}")
         tokenizer_dir = art / "models" / model.stem
         fetch_model.save_tokenizer(model, tokenizer_dir)
-        print(f"[build-engines] serving {model.name}: {'/'.join(EAGLE_HEAD_ALGORITHMS)} off (the shipped EAGLE head is for SmolLM2-135M-Instruct)"
+        print(f"[build-engines] serving {model.name}: {'/'.join(EAGLE_HEAD_ALGORITHMS)} off "
+              "(the shipped EAGLE head is for SmolLM2-135M-Instruct)"
               + ("" if draft else "; draft_model off (DRAFT=path/to/draft.gguf adds it)"), flush=True)
     elif args.engine == "torch":
         model, draft = ckpt, args.draft or draft_ckpt
@@ -69,7 +71,8 @@ def build_cpu(args: argparse.Namespace) -> None:
     target_cfg = eng_dir / "target_engine.json"
     target_cfg.write_text(EngineConfig.model_validate({**common, "max_batch_size": args.max_batch_size}).model_dump_json(indent=2))
     if head is None and args.model is None:
-        print(f"[build-engines] warning: no EAGLE head in {HEAD_DIR}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)", flush=True)
+        print(f"[build-engines] warning: no EAGLE head in {HEAD_DIR}; {'/'.join(EAGLE_HEAD_ALGORITHMS)} disabled (make train-eagle)",
+              flush=True)
     calibration = (args.calibration_path or eng_dir / "calibration.json").resolve()
     calibration.unlink(missing_ok=True)  # another model's: the gate waits for spec_engine to publish this one's
     spec = EngineConfig.model_validate({
@@ -110,18 +113,22 @@ def build_cpu(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", choices=["cpu", "torch", "trtllm"], default="cpu", help="cpu: llama.cpp (default); torch: the PyTorch reference")
+    ap.add_argument("--engine", choices=["cpu", "torch", "trtllm"], default="cpu",
+                    help="cpu: llama.cpp (default); torch: the PyTorch reference")
     ap.add_argument("--model", type=Path, default=None, help="serve this chat GGUF instead of the shipped SmolLM2 (llama.cpp engine)")
-    ap.add_argument("--draft", type=Path, default=None, help="draft model sharing the target's vocabulary (GGUF for llama.cpp, checkpoint for torch)")
+    ap.add_argument("--draft", type=Path, default=None,
+                    help="draft model sharing the target's vocabulary (GGUF for llama.cpp, checkpoint for torch)")
     ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--out-dir", type=Path, default=None, help="where engine configs + model_repository go (default: --artifacts)")
     ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="torch weights and the EAGLE head")
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--max-output-len", type=int, default=1024)
     ap.add_argument("--max-batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=0, help="compute threads per engine (0: one per core for llama.cpp, the launcher's setting for torch)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="compute threads per engine (0: one per core for llama.cpp, the launcher's setting for torch)")
     ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
-                    help="llama.cpp's batch-invariant mode: greedy output identical across routes, budgets and batches (docs/engines.md, 'Exact greedy')")
+                    help="llama.cpp's batch-invariant mode: greedy output identical across routes, budgets and batches "
+                         "(docs/engines.md, 'Exact greedy')")
     ap.add_argument("--stream-interval-ms", type=float, default=None,
                     help="a fixed interval: streamed responses at most this often, 0 = one per decode step "
                          "(default: each engine measures what a response costs it and streams within --stream-cost-budget)")
@@ -129,7 +136,8 @@ def main() -> None:
                     help="the share of decode time streamed responses may cost, where the interval is measured")
     ap.add_argument("--calibration-path", type=Path, default=None,
                     help="where spec_engine publishes its calibration and the gate reads it (default: beside the engine configs)")
-    ap.add_argument("--calibration-override", default=None, help="JSON of specgate.decoding.config.CalibrationOverride: measurements spec_engine pins (tests)")
+    ap.add_argument("--calibration-override", default=None,
+                    help="JSON of specgate.decoding.config.CalibrationOverride: measurements spec_engine pins (tests)")
     ap.add_argument("--policy", type=Path, default=None, help="gate policy file (default policy/default.yaml)")
     trtllm.add_arguments(ap)
     args = ap.parse_args()

@@ -70,7 +70,8 @@ def split_indices(convs: list[dict], heldout: bool) -> list[int]:
 
 
 def messages(conv: dict) -> list[dict]:
-    return [{"role": ROLES[t["from"]], "content": t["value"]} for t in conv.get("conversations", []) if t.get("from") in ROLES and t.get("value")]
+    return [{"role": ROLES[t["from"]], "content": t["value"]} for t in conv.get("conversations", [])
+            if t.get("from") in ROLES and t.get("value")]
 
 
 def load_tokenizer(checkpoint: Path = CHECKPOINT):
@@ -235,7 +236,8 @@ def main() -> None:
     convs = load_sharegpt()
     print(f"[eagle-data] {len(convs)} ShareGPT conversations", flush=True)
     if a.heldout_prompts:
-        generate_distill(convs, split_indices(convs, True), a.heldout_prompts, WORK / "distill_heldout.jsonl", a.batch, a.max_new, a.max_prompt, a.checkpoint)
+        generate_distill(convs, split_indices(convs, True), a.heldout_prompts, WORK / "distill_heldout.jsonl",
+                         a.batch, a.max_new, a.max_prompt, a.checkpoint)
     generate_distill(convs, split_indices(convs, False), a.distill_prompts, DISTILL_FILE, a.batch, a.max_new, a.max_prompt, a.checkpoint)
 
 

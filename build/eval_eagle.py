@@ -145,7 +145,8 @@ def served_tau(cfg: EngineConfig, prompts: list[list[int]], k: int, max_new: int
 def write_card(path: Path, state: dict, report: dict) -> None:
     a = state["args"]
     rows = "\n".join(
-        f"| {r['step']} | {r['epoch']} | {r['tokens']:,} | {r['minutes']} | {r['loss']:.4f} | {r['reg']:.4f} | {r['ce']:.3f} | {r['acc']:.3f} |"
+        f"| {r['step']} | {r['epoch']} | {r['tokens']:,} | {r['minutes']} | "
+        f"{r['loss']:.4f} | {r['reg']:.4f} | {r['ce']:.3f} | {r['acc']:.3f} |"
         for r in state["log"][::-1][:: max(1, len(state["log"]) // 10)][::-1]  # about ten rows, the last one included
     )
     pos = " | ".join(f"{x:.3f}" for x in report["teacher_forced_top1"])
@@ -153,7 +154,8 @@ def write_card(path: Path, state: dict, report: dict) -> None:
     k = report["k"]
     hdr = " | ".join(str(j) for j in range(1, k + 1))
     sep = "|".join("---" for _ in range(k + 1))
-    command = f"--minutes {a['minutes']:g} --levels {a['levels']}" + (f" --ttt-from {a['ttt_from']:g}" if a["ttt_from"] else "") + f" --threads {a['threads']}"
+    command = (f"--minutes {a['minutes']:g} --levels {a['levels']}" + (f" --ttt-from {a['ttt_from']:g}" if a["ttt_from"] else "")
+               + f" --threads {a['threads']}")
     ttt = f"{a['levels']} chain levels at every position (level j is fed the head's own level j-1 features: training-time test)"
     if a["ttt_from"]:
         schedule = (
@@ -161,7 +163,10 @@ def write_card(path: Path, state: dict, report: dict) -> None:
             f"cosine to 10%), then {ttt} for the remaining {a['minutes'] - a['ttt_from']:g} minutes at lr {a['lr'] / 2:g}, cosine to 10%."
         )
     else:
-        schedule = f"Each step unrolls {ttt if a['levels'] > 1 else 'one chain level'}. AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, cosine to 10% over the time budget)."
+        schedule = (
+            f"Each step unrolls {ttt if a['levels'] > 1 else 'one chain level'}. "
+            f"AdamW lr {a['lr']:g} (warm-up {a['warmup']} steps, cosine to 10% over the time budget)."
+        )
     # Sections whose heading says "(written by hand)" (ablations run outside this command) survive a rerun.
     old = path.read_text() if path.exists() else ""
     hand = next((m.start() for m in re.finditer(r"^## .*\(written by hand\)", old, re.M)), len(old))
@@ -189,7 +194,8 @@ Reproduce: `make train-eagle` (`python -m build.train_eagle {command}`).
 
 CPU, {a['threads']} thread(s). {schedule} Loss per level SmoothL1(feature) +
 {a['ce_weight']} x CE over the draft vocabulary against the target's greedy token, levels weighted 0.8^j.
-~{a['batch_tokens']} tokens/step. {state['step']} steps, {state['tokens']:,} trained positions (level 0), {state['elapsed'] / 60:.1f} minutes.
+~{a['batch_tokens']} tokens/step. {state['step']} steps, {state['tokens']:,} trained positions (level 0), \
+{state['elapsed'] / 60:.1f} minutes.
 
 | step | epoch | positions | minutes | loss | SmoothL1 | CE | train top-1 |
 |---|---|---|---|---|---|---|---|
@@ -235,7 +241,8 @@ def main() -> None:
     for backend in a.engines.split(","):
         cfg = EngineConfig(backend=backend, model=models[backend], num_threads=a.threads, eagle_head_dir=a.head)
         r = served_tau(cfg, prompts, a.k, a.max_new, tok.convert_tokens_to_ids("<|im_end|>"))
-        print(f"| {r['engine']} | {r['steps']} | {r['tau']:.3f} | {' / '.join(f'{x:.3f}' for x in r['chain_accept_per_pos'])} |", flush=True)
+        print(f"| {r['engine']} | {r['steps']} | {r['tau']:.3f} | {' / '.join(f'{x:.3f}' for x in r['chain_accept_per_pos'])} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
-
 from build.trtllm.build import ROOT, add_arguments, build
 from build.trtllm.serve import server_command, server_env
 from build.trtllm.spec import BuildSpec, load_spec
 from loadtest.metrics import gate_deltas, scrape
-from specgate_client import stream_engine
 from specgate.contract import engine_inputs
 from specgate.secret_file import ensure_secret
+from specgate_client import stream_engine
 from specgate_launcher import ENGINE_SECRET, Ports, stop, wait_ready
 
 PROMPTS = ["Write a haiku about the sea.", "List three uses of a paperclip."]
@@ -109,7 +108,8 @@ def smoke(spec: BuildSpec, ports: Ports, max_tokens: int, failures: list[str]) -
         off = generate(http, prompt, max_tokens, "off")
         prod = generate(http, prompt, max_tokens, "prod")
         check(off.get("route") == "baseline", f"x-speculative-decoding=off -> route {off.get('route')!r}", failures)
-        check(prod.get("route") == "speculative", f"x-speculative-decoding=prod -> route {prod.get('route')!r} ({prod.get('gate_reason')})", failures)
+        check(prod.get("route") == "speculative", f"x-speculative-decoding=prod -> route {prod.get('route')!r} ({prod.get('gate_reason')})",
+              failures)
         check(off["text_output"] == prod["text_output"], f"llm text identical across routes ({len(off['text_output'])} chars)", failures)
         streamed, events = generate_stream_text(http, prompt, max_tokens, "prod")  # decoupled engine, streamed
         check(streamed == prod["text_output"], f"generate_stream text equals generate text ({events} events)", failures)

@@ -124,7 +124,8 @@ def build(tag: str = IMAGE) -> float:
     start = time.monotonic()
     build_args = [a for arg in args for a in ("--build-arg", arg)]
     # the docker format: OCI's has no HEALTHCHECK
-    podman("build", "--format", "docker", "--network", "host", "--pull=never", "--layers", *mounts, *build_args, "-f", str(DOCKERFILE), "-t", tag, str(ROOT))
+    podman("build", "--format", "docker", "--network", "host", "--pull=never", "--layers", *mounts, *build_args,
+           "-f", str(DOCKERFILE), "-t", tag, str(ROOT))
     took = time.monotonic() - start
     size = int(podman("image", "inspect", "--format", "{{.Size}}", tag, capture=True))
     log(f"{tag}: {size / 1e9:.2f} GB, built in {took:.0f} s")
@@ -139,7 +140,8 @@ def main() -> None:
         setup()
     else:
         if not shutil.which("podman"):
-            raise SystemExit("[image] podman not found: apt-get install podman runc debootstrap (or, as root, python3 build/image.py setup)")
+            raise SystemExit("[image] podman not found: apt-get install podman runc debootstrap "
+                             "(or, as root, python3 build/image.py setup)")
         build()
 
 

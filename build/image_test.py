@@ -111,7 +111,8 @@ def stream_during_stop(result: dict) -> threading.Thread:
 
     def run() -> None:
         # a number sequence as raw text: greedy decoding continues it to max_tokens, several seconds
-        body = {"text_input": ", ".join(map(str, range(1, 40))) + ",", "apply_chat_template": False, "max_tokens": 1024, "temperature": 0.0, "stream": True}
+        body = {"text_input": ", ".join(map(str, range(1, 40))) + ",", "apply_chat_template": False, "max_tokens": 1024, "temperature": 0.0,
+                "stream": True}
         req = urllib.request.Request(f"http://127.0.0.1:{PORTS['http']}/v2/models/llm/generate_stream", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         events = result["events"] = []  # filled as they arrive
@@ -143,40 +144,50 @@ def main() -> None:
                           "test -z \"$(find /app -name .cache -o -name '*.whl' | head -n1)\"")
     check(tools.returncode == 0, f"no compiler, cmake, git, dev extras, pip cache or wheel in the image {tools.stdout.strip()}")
     threads = in_image(tag, ".venv/bin/python -c 'from specgate.machine import machine; print(machine().cores)'", "--cpus", "1")
-    check(threads.stdout.strip() == "1", f"under a 1-CPU limit the engines take 1 thread (machine().cores: {threads.stdout.strip() or threads.stderr[-300:]})")
-    stop_s = int(float(in_image(tag, ".venv/bin/python -c 'from specgate_deploy.pod import worst_stop_s; import os; print(worst_stop_s(int(os.environ[\"DRAIN_S\"])))'")
+    check(threads.stdout.strip() == "1",
+          f"under a 1-CPU limit the engines take 1 thread (machine().cores: {threads.stdout.strip() or threads.stderr[-300:]})")
+    stop_s = int(float(in_image(tag, ".venv/bin/python -c 'from specgate_deploy.pod import worst_stop_s; import os; "
+                                     "print(worst_stop_s(int(os.environ[\"DRAIN_S\"])))'")
                        .stdout.strip())) + 5
     # as the pod's emptyDirs: writable by the server's user (U), executable (the Python backend's stub)
     tmpfs = [a for d in [*image.writable_dirs(), "/tmp"] for a in ("--tmpfs", f"{d}:rw,exec,U")]
     published = [a for k in PORTS for a in ("-p", f"{PORTS[k]}:{CONTAINER_PORTS[k]}")]
     image.podman("rm", "--force", "--ignore", NAME, capture=True)
     # the HEALTHCHECK is run once below, not by a timer (podman's timers need systemd)
-    image.podman("run", "--detach", "--name", NAME, "--read-only", *tmpfs, "--shm-size", "1g", *LIMITS, *published, "--health-interval", "disable",
-                 "--stop-timeout", str(stop_s), tag, capture=True)
+    image.podman("run", "--detach", "--name", NAME, "--read-only", *tmpfs, "--shm-size", "1g", *LIMITS, *published,
+                 "--health-interval", "disable", "--stop-timeout", str(stop_s), tag, capture=True)
     try:
         ready_s = wait_for("Triton ready", lambda: http(PORTS["http"], "/v2/health/ready", timeout_s=2)[0] == 200, 300)
         wait_for("the front answering /v1/models", lambda: http(PORTS["front"], "/v1/models", timeout_s=2)[0] == 200, 120)
         generate({"text_input": "What is the capital of France?"})
-        status, chat = http(PORTS["front"], "/v1/chat/completions", {"model": "llm", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16})
-        check(status == 200 and chat["choices"][0]["message"]["content"], f"an OpenAI chat completion (route {chat.get('specgate', {}).get('route')})")
-        calibrated_s = wait_for("/health/ready (calibration published)", lambda: http(PORTS["front"], "/health/ready", timeout_s=3)[0] == 200, 300)
+        status, chat = http(PORTS["front"], "/v1/chat/completions",
+                            {"model": "llm", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16})
+        check(status == 200 and chat["choices"][0]["message"]["content"],
+              f"an OpenAI chat completion (route {chat.get('specgate', {}).get('route')})")
+        calibrated_s = wait_for("/health/ready (calibration published)",
+                                lambda: http(PORTS["front"], "/health/ready", timeout_s=3)[0] == 200, 300)
         health = subprocess.run([*image.PODMAN, "healthcheck", "run", NAME], capture_output=True, text=True)
         check(health.returncode == 0, f"the image's HEALTHCHECK passes ({health.stdout.strip() or health.stderr.strip()})")
-        spec = generate({"text_input": "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox", "x-speculative-decoding": "prod"})
+        spec = generate({"text_input": "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
+                         "x-speculative-decoding": "prod"})
         check(spec["route"] == "speculative", f"after calibration a prod request routes speculative (reason {spec['gate_reason']})")
-        memory = subprocess.run([*image.PODMAN, "stats", "--no-stream", "--format", "{{.MemUsage}}", NAME], capture_output=True, text=True).stdout.strip()
+        memory = subprocess.run([*image.PODMAN, "stats", "--no-stream", "--format", "{{.MemUsage}}", NAME],
+                                capture_output=True, text=True).stdout.strip()
         result: dict = {}
         streaming = stream_during_stop(result)
-        check(bool(result.get("events")) and streaming.is_alive(), f"a streamed request in flight ({len(result.get('events', []))} events, {result.get('error', 'no error')})")
+        check(bool(result.get("events")) and streaming.is_alive(),
+              f"a streamed request in flight ({len(result.get('events', []))} events, {result.get('error', 'no error')})")
         t0 = time.monotonic()
         stopper = threading.Thread(target=lambda: image.podman("stop", "--time", str(stop_s), NAME, capture=True))
         stopper.start()
-        wait_for("readiness gone after the stop signal", lambda: http(PORTS["front"], "/health/ready", timeout_s=2)[0] != 200, 10, running=False)
+        wait_for("readiness gone after the stop signal", lambda: http(PORTS["front"], "/health/ready", timeout_s=2)[0] != 200, 10,
+                 running=False)
         stopper.join()
         stopped_s = time.monotonic() - t0
         streaming.join(30)
         events = result.get("events", [])
-        check("error" not in result and events and not any("error" in e for e in events), f"the in-flight stream completed while draining ({len(events)} events)")
+        check("error" not in result and events and not any("error" in e for e in events),
+              f"the in-flight stream completed while draining ({len(events)} events)")
         code = int(image.podman("inspect", "--format", "{{.State.ExitCode}}", NAME, capture=True))
         check(code == 0 and stopped_s < stop_s, f"exited {code} after {stopped_s:.0f} s, within the stop timeout {stop_s} s")
     except BaseException:

@@ -195,7 +195,11 @@ EDITS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "src/ggml-cpu/amx/mmq.cpp",
-        "inline void ggml_tile_config_init(void) {\n    static thread_local bool done = false;\n\n    if (done) {\n        return;\n    }\n",
+        "inline void ggml_tile_config_init(void) {\n"
+        "    static thread_local bool done = false;\n\n"
+        "    if (done) {\n"
+        "        return;\n"
+        "    }\n",
         "inline void ggml_tile_config_init(void) {\n"
         "    // specgate patch: configured at every call, not once per thread: another AMX user on the same\n"
         "    // thread (PyTorch's oneDNN running the EAGLE head in bf16 between decodes) reconfigures the\n"
@@ -216,5 +220,6 @@ def apply(llama_cpp_root: Path) -> None:
         path = ggml / rel
         text = path.read_text()
         if text.count(old) != 1:
-            raise SystemExit(f"[setup] error: the batch-invariance patch no longer fits {path} (expected one occurrence of {old.strip()!r})")
+            raise SystemExit(f"[setup] error: the batch-invariance patch no longer fits {path} "
+                             f"(expected one occurrence of {old.strip()!r})")
         path.write_text(text.replace(old, new))

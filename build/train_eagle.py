@@ -172,7 +172,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--feature-tokens", type=int, default=1_000_000, help="stream tokens whose target features are cached")
     ap.add_argument("--features-only", action="store_true", help="fill the feature cache, then stop")
     ap.add_argument("--levels", type=int, default=3, help="chain levels per training step (1 = plain EAGLE-1 training)")
-    ap.add_argument("--ttt-from", type=float, default=40.0, help="minutes of plain training before the --levels phase (0: --levels throughout)")
+    ap.add_argument("--ttt-from", type=float, default=40.0,
+                    help="minutes of plain training before the --levels phase (0: --levels throughout)")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=30)
@@ -197,7 +198,8 @@ def start_or_resume(a: argparse.Namespace, target, convs: list, tok, fs) -> tupl
         head = EagleHead(EagleHeadConfig.from_target(target.cfg, a.draft_vocab), target.embed.weight, target.lm_head.weight, d2t).float()
         state = {"step": 0, "epoch": 0, "pos": 0, "elapsed": 0.0, "tokens": 0, "log": [], "args": vars(a)}
     else:
-        head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target.embed.weight, target.lm_head.weight, state["head"]["d2t"]).float()
+        head = EagleHead(EagleHeadConfig.model_validate(state["cfg"]), target.embed.weight, target.lm_head.weight,
+                         state["head"]["d2t"]).float()
         head.load_state_dict(state["head"], strict=False)
         print(f"[train-eagle] resuming at step {state['step']}, {state['elapsed'] / 60:.1f} min done", flush=True)
         state["args"] = vars(a)
@@ -265,7 +267,8 @@ def train(a: argparse.Namespace, head: EagleHead, state: dict, fs, vocab_size: i
         dt = time.time() - t0
         state["elapsed"] += dt
         bar.update(round(state["elapsed"]) - bar.n)
-        bar.set_postfix(step=state["step"], epoch=state["epoch"], loss=f"{loss.item():.3f}", acc=f"{m['acc']:.3f}", tok_s=f"{m['tokens'] / dt:.0f}")
+        bar.set_postfix(step=state["step"], epoch=state["epoch"], loss=f"{loss.item():.3f}", acc=f"{m['acc']:.3f}",
+                        tok_s=f"{m['tokens'] / dt:.0f}")
         curve.add(loss.item(), m)
         if time.time() - last_ckpt > a.ckpt_every * 60:
             checkpoint()

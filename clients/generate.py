@@ -58,7 +58,8 @@ def main() -> None:
     total = time.perf_counter() - t0
     m = last.meta if last else {}
     print(
-        f"\n\n--- route={m.get('route')} reason={m.get('gate_reason')} drafts accepted {m.get('num_accepted_tokens')}/{m.get('num_draft_tokens')}"
+        f"\n\n--- route={m.get('route')} reason={m.get('gate_reason')} "
+        f"drafts accepted {m.get('num_accepted_tokens')}/{m.get('num_draft_tokens')}"
         f" | TTFT {1000 * (ttft or total):.0f} ms | {m.get('num_output_tokens')} tokens in {total:.2f} s"
         f" = {(m.get('num_output_tokens') or 0) / total:.1f} tok/s",
         file=sys.stderr,

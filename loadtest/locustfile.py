@@ -33,10 +33,9 @@ grpc_gevent.init_gevent()
 
 from locust import User, constant, task  # noqa: E402
 
-from specgate_client import GrpcClient, HttpClient  # noqa: E402
-
 from loadtest.measure import Sample, StreamingClient, timed  # noqa: E402
 from loadtest.workloads import Workload, load  # noqa: E402
+from specgate_client import GrpcClient, HttpClient  # noqa: E402
 
 _max_tokens = os.environ.get("SPECGATE_MAX_TOKENS")
 WORKLOAD: Workload = load(os.environ.get("SPECGATE_WORKLOAD", "gated")).with_overrides(max_tokens=int(_max_tokens) if _max_tokens else None)

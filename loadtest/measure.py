@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specgate_client import Chunk, GenerateParams, Result
-
 from loadtest.workloads import RequestSpec
+from specgate_client import Chunk, GenerateParams, Result
 
 
 class StreamingClient(Protocol):

@@ -47,8 +47,10 @@ def run_scenario(
     out.mkdir(parents=True, exist_ok=True)
     u = urlparse(host)
     metrics_url = metrics_url or f"http://{u.hostname}:{(u.port or 8000) + 2}/metrics"
-    env = {**os.environ, "SPECGATE_WORKLOAD": workload, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # `loadtest` for the locustfile
-    for key, val in (("SPECGATE_GRPC_URL", grpc_url), ("SPECGATE_MAX_TOKENS", max_tokens), ("SPECGATE_SEED", seed), ("SPECGATE_REQUEST_TIMEOUT", request_timeout_s)):
+    # PYTHONPATH: `loadtest` for the locustfile
+    env = {**os.environ, "SPECGATE_WORKLOAD": workload, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    for key, val in (("SPECGATE_GRPC_URL", grpc_url), ("SPECGATE_MAX_TOKENS", max_tokens), ("SPECGATE_SEED", seed),
+                     ("SPECGATE_REQUEST_TIMEOUT", request_timeout_s)):
         if val is not None:
             env[key] = str(val)
     classes = [USER_CLASSES[p] for p, w in wl.protocols.items() if w > 0]
@@ -75,7 +77,9 @@ def run_scenario(
             proc.kill()
         rc = 1  # a run that had to be stopped has failed
     gate = metrics.gate_deltas(before, metrics.scrape(metrics_url))
-    (out / "gate_metrics.json").write_text(json.dumps({"scenario": wl.name, "users": users, "duration": duration, "started": t0, "wall_s": time.time() - t0, **gate}, indent=2))
+    (out / "gate_metrics.json").write_text(json.dumps(
+        {"scenario": wl.name, "users": users, "duration": duration, "started": t0, "wall_s": time.time() - t0, **gate}, indent=2
+    ))
     print(f"[loadtest] {wl.name}: gate decisions {gate['decisions']}", flush=True)
     return rc, out
 
@@ -107,7 +111,8 @@ def main() -> None:
     scenarios = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     failed = []
     for s in scenarios:
-        rc, _ = run_scenario(s, args.users, args.duration, args.host, args.out, args.grpc_url, args.metrics_url, args.max_tokens, args.seed, args.request_timeout)
+        rc, _ = run_scenario(s, args.users, args.duration, args.host, args.out, args.grpc_url, args.metrics_url, args.max_tokens, args.seed,
+                             args.request_timeout)
         if rc:
             failed.append(s)
     if failed:

@@ -180,7 +180,9 @@ class GrpcClient:
             if result.get_response().outputs:
                 yield result_chunk(result, time.perf_counter() - t0)
 
-    def generate(self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True) -> Result:
+    def generate(
+        self, prompt: str | bytes, p: GenerateParams, api_key: str | None = None, spec_mode: str | None = None, stream: bool = True
+    ) -> Result:
         return Result(list(self.stream(prompt, p, api_key, spec_mode, stream=stream)))
 
 

@@ -29,12 +29,11 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
-
-import urllib.request
 
 from specgate.decoding.compute_lock import ENV as ENV_COMPUTE_LOCK
 from specgate.gate.labels import LABEL_KEY_ENV
@@ -271,9 +270,11 @@ def start_front(ports: Ports, log_file: Path | None = None) -> subprocess.Popen:
     """The OpenAI-compatible front on `ports.front`, a client of the Triton gRPC port `ports.grpc`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python_backend"), env.get("PYTHONPATH", "")) if p)  # this checkout's front
-    cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}", "--http-url", f"localhost:{ports.http}"]
+    cmd = [sys.executable, "-m", "specgate_front", "--port", str(ports.front), "--grpc-url", f"localhost:{ports.grpc}",
+           "--http-url", f"localhost:{ports.http}"]
     out = open(log_file, "w") if log_file else None
-    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True, preexec_fn=die_with(os.getpid()))
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                            preexec_fn=die_with(os.getpid()))
 
 
 def wait_front_ready(proc: subprocess.Popen, ports: Ports, timeout_s: float = 120) -> None:

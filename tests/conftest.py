@@ -91,7 +91,8 @@ def server(checkpoint: Path):
          "--calibration-override", PINNED_DRAFTING],  # test_calibration measures through this server
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
-    ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)), int(os.environ.get("TEST_METRICS_PORT", 18002)))
+    ports = Ports(int(os.environ.get("TEST_HTTP_PORT", 18000)), int(os.environ.get("TEST_GRPC_PORT", 18001)),
+                  int(os.environ.get("TEST_METRICS_PORT", 18002)))
     os.environ[ENV_COMPUTE_LOCK] = str(COMPUTE_LOCK)  # the launcher keeps a lock path it is given
     log = TEST_OUT / "tritonserver.log"
     # 3 s to stop, not Triton's 30: after test_gate_failover has killed engines mid-request, spec_gate's

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from pathlib import Path
-
 from collections.abc import Sequence
+from pathlib import Path
 
 from build.trtllm.spec import ParallelSpec
 from specgate.gate.labels import LABEL_KEY_ENV
@@ -43,7 +42,9 @@ def server_env(repo_root: Path) -> dict[str, str]:
     }
 
 
-def server_command(repo: Path, ports: Ports, parallel: ParallelSpec, restricted: Sequence[str] = (), tritonserver: str = TRITONSERVER) -> list[str]:
+def server_command(
+    repo: Path, ports: Ports, parallel: ParallelSpec, restricted: Sequence[str] = (), tritonserver: str = TRITONSERVER
+) -> list[str]:
     """`restricted`: specgate_launcher.restricted_api_args. A model of world size 1 (tp x pp = 1) is
     served by tritonserver itself, so that a SIGTERM reaches it and it drains; a larger one starts under
     `mpirun -n 1`, as launch_triton_server.py does, whose ranks are spawned (a drain there goes through

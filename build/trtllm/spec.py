@@ -164,7 +164,8 @@ def _eagle_problems(sp: SpeculativeSpec, par: ParallelSpec) -> list[str]:
             out.append(f"eagle_choices has {len(e.eagle_choices)} nodes, more than max_draft_len {sp.max_draft_len}")
         widest = max(_non_leaves_per_layer(e.eagle_choices).values(), default=0)
         if widest > e.max_non_leaves_per_layer:
-            out.append(f"eagle_choices has {widest} non-leaf nodes in one layer, more than max_non_leaves_per_layer {e.max_non_leaves_per_layer}")
+            out.append(f"eagle_choices has {widest} non-leaf nodes in one layer, "
+                       f"more than max_non_leaves_per_layer {e.max_non_leaves_per_layer}")
     return out
 
 

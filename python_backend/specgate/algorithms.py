@@ -51,10 +51,13 @@ ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         Algorithm("eagle", default_k=5, max_k=10, needs_eagle_head=True, max_depth=None, draft_cost_per_node=True, prior_acceptance=0.42),
-        Algorithm("eagle2", default_k=8, max_k=64, needs_eagle_head=True, max_depth=EAGLE2_DEPTH, draft_cost_per_node=False, prior_acceptance=0.50),
+        Algorithm("eagle2", default_k=8, max_k=64, needs_eagle_head=True, max_depth=EAGLE2_DEPTH, draft_cost_per_node=False,
+                  prior_acceptance=0.50),
         # the n-gram chain (5) merged into an eagle2 tree (k - 5 nodes)
-        Algorithm("hybrid", default_k=13, max_k=69, needs_eagle_head=True, max_depth=EAGLE2_DEPTH, draft_cost_per_node=False, prior_acceptance=0.62),
-        Algorithm("draft_model", default_k=3, max_k=16, needs_eagle_head=False, max_depth=None, draft_cost_per_node=True, prior_acceptance=0.07),
+        Algorithm("hybrid", default_k=13, max_k=69, needs_eagle_head=True, max_depth=EAGLE2_DEPTH, draft_cost_per_node=False,
+                  prior_acceptance=0.62),
+        Algorithm("draft_model", default_k=3, max_k=16, needs_eagle_head=False, max_depth=None, draft_cost_per_node=True,
+                  prior_acceptance=0.07),
         # context = the length of the matched suffix (1-4): a one-token match is right far less often
         Algorithm("ngram", default_k=5, max_k=16, needs_eagle_head=False, max_depth=None, draft_cost_per_node=False, prior_acceptance=0.50,
                   prior_by_context=(0.25, 0.5, 0.55, 0.8)),

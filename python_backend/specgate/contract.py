@@ -187,11 +187,14 @@ LLM_INPUTS: tuple[ApiTensor, ...] = (
     ApiTensor("top_k", "TYPE_INT32", (1,), True, meaning="0 = off"),
     ApiTensor("seed", "TYPE_INT64", (1,), True, meaning="sampling seed; none = random"),
     ApiTensor("stream", "TYPE_BOOL", (1,), True, meaning="a response per new text (true) or one at the end"),
-    ApiTensor("stop", "TYPE_STRING", (-1,), True, "preprocessing", "stop strings, at most 16 of at most 256 bytes each; the matched one is included in the output"),
+    ApiTensor("stop", "TYPE_STRING", (-1,), True, "preprocessing",
+              "stop strings, at most 16 of at most 256 bytes each; the matched one is included in the output"),
     ApiTensor("apply_chat_template", "TYPE_BOOL", (1,), True, "preprocessing", "default true; false sends the prompt as raw text"),
     ApiTensor("use_speculative_decoding", "TYPE_BOOL", (1,), True, meaning="true = prod, false = off (a request override: allow_override)"),
-    ApiTensor("speculative_algorithm", "TYPE_STRING", (1,), True, meaning="eagle, eagle2, hybrid, draft_model or ngram; default: the policy's (auto)"),
-    ApiTensor("num_speculative_tokens", "TYPE_INT32", (1,), True, meaning="the most draft nodes per step, 1..the algorithm's max; default: the algorithm's"),
+    ApiTensor("speculative_algorithm", "TYPE_STRING", (1,), True,
+              meaning="eagle, eagle2, hybrid, draft_model or ngram; default: the policy's (auto)"),
+    ApiTensor("num_speculative_tokens", "TYPE_INT32", (1,), True,
+              meaning="the most draft nodes per step, 1..the algorithm's max; default: the algorithm's"),
 )
 
 LLM_OUTPUTS: tuple[ApiTensor, ...] = (
@@ -202,7 +205,8 @@ LLM_OUTPUTS: tuple[ApiTensor, ...] = (
     ApiTensor("num_accepted_tokens", "TYPE_INT32", (1,), meaning="of which accepted"),
     ApiTensor("acceptance_rate", "TYPE_FP32", (1,), meaning="accepted / drafted"),
     ApiTensor("num_output_tokens", "TYPE_INT32", (1,), meaning="tokens generated so far (for tokens/s and TPOT)"),
-    ApiTensor("draft_budget", "TYPE_INT32", (1,), meaning="spec_engine's per-step draft budget now; 0 = decoding plainly (drafting does not pay here); -1 on baseline"),
+    ApiTensor("draft_budget", "TYPE_INT32", (1,),
+              meaning="spec_engine's per-step draft budget now; 0 = decoding plainly (drafting does not pay here); -1 on baseline"),
 )
 
 # What preprocessing hands spec_gate (ensemble internals). Optional as spec_gate's inputs: its serving

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import specgate_launcher as launcher
-
 from specgate_deploy.config import haproxy_config, prometheus_config, rule_groups
 from specgate_deploy.state import PublicPorts, ReplicaRecord
 from specgate_deploy.tools import require

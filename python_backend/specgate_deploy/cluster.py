@@ -33,7 +33,9 @@ RUN_DIR = ROOT / "artifacts" / "replicas"  # rendered configs, logs, Prometheus'
 
 
 class Cluster:
-    def __init__(self, replicas: list[Replica], public: PublicPorts, run_dir: Path, state_file: Path, bind: str, scrape_interval: str) -> None:
+    def __init__(
+        self, replicas: list[Replica], public: PublicPorts, run_dir: Path, state_file: Path, bind: str, scrape_interval: str
+    ) -> None:
         self.replicas, self.public, self.run_dir, self.state_file = replicas, public, run_dir, state_file
         self.bind, self.scrape_interval = bind, scrape_interval
         self.haproxy: subprocess.Popen | None = None
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no model repository at {args.model_repository}: run `make build-engines`")
     public = PublicPorts(http=args.http_port, grpc=args.grpc_port, front=args.front_port, prometheus=args.prometheus_port,
                          haproxy_stats=args.haproxy_stats_port)
-    replicas = [Replica(f"replica-{i}", replica_ports(args.replica_base_port, i), args.model_repository, args.run_dir, args.drain_s, args.admin_header)
+    replicas = [Replica(f"replica-{i}", replica_ports(args.replica_base_port, i), args.model_repository, args.run_dir, args.drain_s,
+                        args.admin_header)
                 for i in range(args.replicas)]
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: a closed terminal, which used to kill it outright

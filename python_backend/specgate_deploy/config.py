@@ -26,7 +26,8 @@ def haproxy_config(replicas: list[ReplicaRecord], public: PublicPorts, bind: str
 
 
 def prometheus_config(replicas: list[ReplicaRecord], public: PublicPorts, rules_file: Path, scrape_interval: str = "5s") -> str:
-    return _env.get_template("prometheus.yml.j2").render(replicas=replicas, public=public, rules_file=str(rules_file), scrape_interval=scrape_interval)
+    return _env.get_template("prometheus.yml.j2").render(replicas=replicas, public=public, rules_file=str(rules_file),
+                                                         scrape_interval=scrape_interval)
 
 
 def rule_groups(prometheus_rule: Path = PROMETHEUS_RULE) -> str:

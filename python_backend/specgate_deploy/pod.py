@@ -95,7 +95,8 @@ def trtllm_server(spec_path: Path):  # noqa: ANN201 (a factory of Replica.server
         restricted = launcher.restricted_api_args(admin_header, read_secret(launcher.ADMIN_SECRET))
         cmd = server_command(repo, ports, spec.parallel, restricted) + extra
         out = open(log_file, "w")
-        return subprocess.Popen(cmd, env={**os.environ, **server_env(launcher.ROOT)}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, env={**os.environ, **server_env(launcher.ROOT)}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
     return start
 
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drain-s", type=int, default=int(os.environ.get("DRAIN_S", DRAIN_S)))
     ap.add_argument("--engine", choices=["cpu", "trtllm"], default="cpu")
     ap.add_argument("--spec", type=Path, default=Path("build/specs/smollm2-eagle.yaml"), help="TensorRT-LLM build spec (--engine trtllm)")
-    ap.add_argument("--engine-cache", type=Path, default=Path("/engines"), help="where --build-only keeps the engines, by GPU model (--engine trtllm)")
+    ap.add_argument("--engine-cache", type=Path, default=Path("/engines"),
+                    help="where --build-only keeps the engines, by GPU model (--engine trtllm)")
     ap.add_argument("--build-only", action="store_true",
                     help="build the TensorRT-LLM engines and render --model-repository, then exit (the GPU pod's initContainer)")
     ap.add_argument("--log-dir", type=Path, default=launcher.ROOT / "artifacts" / "logs")
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     while not stop.wait(1.0):
         if replica.server is not None and replica.server.poll() is not None:
-            print(f"[pod] tritonserver exited with code {replica.server.returncode}; the container ends (the kubelet restarts it)", flush=True)
+            print(f"[pod] tritonserver exited with code {replica.server.returncode}; the container ends (the kubelet restarts it)",
+                  flush=True)
             code = 1
             break
         replica.poll()

@@ -139,7 +139,8 @@ class Replica:
         if self.server.poll() is not None:
             if not self.restart_on_exit or self.failed_to_start:
                 return False
-            print(f"[replicas] {self.name}: tritonserver (pid {self.server.pid}) exited with code {self.server.returncode}; restarting it", flush=True)
+            print(f"[replicas] {self.name}: tritonserver (pid {self.server.pid}) exited with code {self.server.returncode}; restarting it",
+                  flush=True)
             self._restart()
             return True
         if self.front is not None and self.front.poll() is not None:
@@ -157,7 +158,8 @@ class Replica:
             self._start_front()
             self.status = "ready"
             print(f"[replicas] {self.name}: ready after {time.monotonic() - self._started_at:.0f} s "
-                  f"(HTTP :{self.ports.http}, gRPC :{self.ports.grpc}, metrics :{self.ports.metrics}, front :{self.ports.front})", flush=True)
+                  f"(HTTP :{self.ports.http}, gRPC :{self.ports.grpc}, metrics :{self.ports.metrics}, front :{self.ports.front})",
+                  flush=True)
             return True
         return False
 
@@ -174,7 +176,8 @@ class Replica:
         delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self._failures - 1)) if self._failures else 0.0
         self.status = "restarting"
         if delay:
-            print(f"[replicas] {self.name}: it died before it was ready ({self._failures} of {MAX_FAILURES}); restarting in {delay:g} s", flush=True)
+            print(f"[replicas] {self.name}: it died before it was ready ({self._failures} of {MAX_FAILURES}); restarting in {delay:g} s",
+                  flush=True)
             self._restart_at = time.monotonic() + delay
         else:
             self._start_again()
@@ -205,7 +208,8 @@ class Replica:
         if fault.model in health.RELOADABLE and not fault.wedged:
             if self._reloading is None or not self._reloading.is_alive():
                 print(f"[replicas] {self.name}: {fault.reason}; reloading it (meanwhile the baseline serves)", flush=True)
-                self._reloading = threading.Thread(target=self._reload, args=(fault.model, headers), name=f"reload-{fault.model}", daemon=True)
+                self._reloading = threading.Thread(target=self._reload, args=(fault.model, headers), name=f"reload-{fault.model}",
+                                                   daemon=True)
                 self._reloading.start()
             return False
         print(f"[replicas] {self.name}: {fault.reason}; {'restarting' if self.restart_on_exit else 'stopping'} tritonserver", flush=True)

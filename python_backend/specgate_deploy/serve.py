@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     ap.add_argument("--front-port", type=int, default=int(os.environ.get("FRONT_PORT", 9000)))
     ap.add_argument("--admin-header", default=os.environ.get("ADMIN_HEADER", launcher.ADMIN_HEADER),
-                    help=f"header the control APIs ({', '.join(launcher.RESTRICTED_APIS)}) require; its value is {launcher.ADMIN_SECRET.relative_to(launcher.ROOT)}")
+                    help=f"header the control APIs ({', '.join(launcher.RESTRICTED_APIS)}) require; "
+                         f"its value is {launcher.ADMIN_SECRET.relative_to(launcher.ROOT)}")
     ap.add_argument("--drain-s", type=int, default=int(os.environ.get("DRAIN_S", DRAIN_S)),
                     help="on Ctrl-C or SIGTERM, how long the requests in flight may take to finish")
     ap.add_argument("--log-dir", type=Path, default=launcher.ROOT / "artifacts" / "logs")
@@ -55,7 +56,8 @@ def main() -> None:
             replica.poll()
             if replica.failed_to_start or replica.status == "failed":  # the first start, or every restart since, never got ready
                 print(replica.log_tail(), flush=True)
-                print(f"[serve] tritonserver exited with code {replica.server.returncode} before it was ready (log above: {log})", flush=True)
+                print(f"[serve] tritonserver exited with code {replica.server.returncode} before it was ready (log above: {log})",
+                      flush=True)
                 code = replica.server.returncode or 1
                 break
             if replica.status == "ready" and not announced:
@@ -67,11 +69,13 @@ def main() -> None:
                     f"  gRPC     localhost:{ports.grpc}  (model llm, streaming)\n"
                     f"  metrics  http://localhost:{ports.metrics}/metrics\n"
                     f"  OpenAI   http://localhost:{ports.front}/v1  (chat/completions, completions, models; model llm)\n"
-                    f"  control  {', '.join(launcher.RESTRICTED_APIS)} APIs need the contents of {launcher.ADMIN_SECRET.relative_to(launcher.ROOT)}\n"
+                    f"  control  {', '.join(launcher.RESTRICTED_APIS)} APIs need the contents of "
+                    f"{launcher.ADMIN_SECRET.relative_to(launcher.ROOT)}\n"
                     f"           in the header {args.admin_header} (HTTP) or {launcher.GRPC_RESTRICTED_PREFIX}{args.admin_header} (gRPC)\n"
                     f"  logs     {log}, {replica.front_log.name} (the logs of earlier runs, once restarted: .log.1, .log.2, ...)\n"
                     f"  try:     python clients/generate.py 'Hello!' --stream\n"
-                    f"A tritonserver that dies or loses a stub is restarted (a dead spec_engine is reloaded). Ctrl-C stops the server and the front.",
+                    "A tritonserver that dies or loses a stub is restarted (a dead spec_engine is reloaded). "
+                    "Ctrl-C stops the server and the front.",
                     flush=True,
                 )
             time.sleep(1)

@@ -26,7 +26,16 @@ from specgate_front import errors
 from specgate_front.body_limit import BodyLimit
 from specgate_front.completion import complete
 from specgate_front.formats import ChatFormat, TextFormat
-from specgate_front.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse, Model, ModelList, Readiness
+from specgate_front.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    Model,
+    ModelList,
+    Readiness,
+)
 from specgate_front.triton import LLM_MODEL, BackendError, Triton
 
 log = logging.getLogger("specgate_front")
@@ -64,7 +73,8 @@ def create_app(grpc_url: str, model: str = LLM_MODEL, http_url: str | None = Non
     @app.get("/health/ready", response_model=Readiness, responses={503: {"model": Readiness}})
     async def ready(request: Request) -> Response:
         reason = await request.app.state.triton.not_ready()
-        return Response(Readiness(ready=reason is None, reason=reason).model_dump_json(), status_code=200 if reason is None else 503, media_type="application/json")
+        return Response(Readiness(ready=reason is None, reason=reason).model_dump_json(), status_code=200 if reason is None else 503,
+                        media_type="application/json")
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -76,6 +86,7 @@ def create_app(grpc_url: str, model: str = LLM_MODEL, http_url: str | None = Non
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         prompt = body.text()
-        return await complete(request, body, body.output_limit(), prompt, await request.app.state.triton.count_tokens(prompt), TextFormat(), model)
+        return await complete(request, body, body.output_limit(), prompt, await request.app.state.triton.count_tokens(prompt),
+                              TextFormat(), model)
 
     return app

@@ -18,8 +18,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from specgate_client import Chunk, GenerateParams, gate_headers
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE
+from specgate_client import Chunk, GenerateParams, gate_headers
 from specgate_front.formats import Format, finish_reason, meta_headers
 from specgate_front.schemas import ErrorDetail, ErrorResponse, GenerationRequest, SpecgateMeta, Usage
 from specgate_front.stops import StopTrimmer
@@ -44,7 +44,9 @@ class Completion:
         return Usage(prompt_tokens=self.n_prompt, completion_tokens=out, total_tokens=self.n_prompt + out)
 
 
-async def complete(request: Request, body: GenerationRequest, max_tokens: int | None, prompt: str, n_prompt: int, fmt: Format, model: str) -> Response:
+async def complete(
+    request: Request, body: GenerationRequest, max_tokens: int | None, prompt: str, n_prompt: int, fmt: Format, model: str
+) -> Response:
     c = Completion(f"{fmt.prefix}-{uuid.uuid4().hex}", model, body, body.generate_params(max_tokens), n_prompt, fmt)
     headers = gate_headers(request.headers.get(HEADER_API_KEY), request.headers.get(HEADER_SPEC_MODE))
     chunks = request.app.state.triton.generate(prompt, c.params, headers, stream=bool(body.stream))

@@ -7,8 +7,17 @@ from typing import Any, Protocol
 
 from specgate_client import META
 from specgate_front.schemas import (
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, Completion, CompletionChoice, Delta, FinishReason,
-    SpecgateMeta, Usage,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChoice,
+    Delta,
+    FinishReason,
+    SpecgateMeta,
+    Usage,
 )
 
 META_HEADER_PREFIX = "x-specgate-"
@@ -51,7 +60,9 @@ class ChatFormat:
         return self._chunk(rid, model, created, [], meta, usage)
 
     @staticmethod
-    def _chunk(rid: str, model: str, created: int, choices: list[ChatChunkChoice], meta: SpecgateMeta, usage: Usage | None = None) -> ChatCompletionChunk:
+    def _chunk(
+        rid: str, model: str, created: int, choices: list[ChatChunkChoice], meta: SpecgateMeta, usage: Usage | None = None
+    ) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=rid, model=model, created=created, choices=choices, usage=usage, specgate=meta)
 
 

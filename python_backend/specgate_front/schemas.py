@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-from specgate_client import GenerateParams
 from specgate.contract import GateDecision
 from specgate.text.stop_words import check_stop_strings
+from specgate_client import GenerateParams
 
 
 class _Strict(BaseModel):

@@ -103,7 +103,9 @@ class Triton:
                 try:
                     config = await self.client.get_model_config(PREPROCESSING_MODEL, as_json=True)
                 except InferenceServerException as exc:  # tritonclient's wrapping of every gRPC error here
-                    raise BackendError(502, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}") from None
+                    raise BackendError(
+                        502, f"Triton at {self.url} is unavailable ({PREPROCESSING_MODEL} config): {exc.message()}"
+                    ) from None
                 params = config["config"]["parameters"]
                 path, max_input_len = params["tokenizer_dir"]["string_value"], int(params["max_input_len"]["string_value"])
                 self._tokenizer = await run_in_threadpool(PromptTokenizer, path, max_input_len)

@@ -40,7 +40,8 @@ def engines_idle(metrics_port: int, timeout_s: float = 120) -> Samples:
     deadline = time.monotonic() + timeout_s
     while True:
         samples = scrape(metrics_port)
-        busy = [m for m in ENGINES if value(samples, ENGINE_ACTIVE_METRIC, model=m)] + ["spec_gate"] * bool(value(samples, "spec_gate_in_flight"))
+        busy = ([m for m in ENGINES if value(samples, ENGINE_ACTIVE_METRIC, model=m)]
+                + ["spec_gate"] * bool(value(samples, "spec_gate_in_flight")))
         if not busy:
             return samples
         assert time.monotonic() < deadline, f"still busy after {timeout_s:.0f} s: {busy}"

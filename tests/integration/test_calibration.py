@@ -16,10 +16,10 @@ import pytest
 
 from loadtest.metrics import scrape
 from specgate.algorithms import SPEC_ALGORITHMS
+from specgate.contract import VERIFY_COST_METRIC
 from specgate.cost_model.calibration import Calibration
 from specgate_client import GenerateParams, calibrate
 from specgate_launcher import engine_key
-from specgate.contract import VERIFY_COST_METRIC
 from tests.conftest import FREE_DRAFTING, PINNED_DRAFTING, TEST_OUT
 from tests.integration.test_gate import ECHO
 

@@ -3,9 +3,9 @@ within a few tokens on either engine, and the engine frees the slot and its KV c
 
 Through `llm` the path is: Triton marks the next tick of the gate's intake step cancelled (ticks
 are steps it schedules after the cancellation; contract.GATE_TICK), the gate stops the request and
-tells its engine (docs/robustness.md); a client of an engine itself is cancelled by Triton directly. Measured on the server's own counters: the tokens
-the engine generated against those the client had seen when it cancelled. Repeated cancellations
-must leave no request, cache cell or memory behind.
+tells its engine (docs/robustness.md); a client of an engine itself is cancelled by Triton directly.
+Measured on the server's own counters: the tokens the engine generated against those the client had
+seen when it cancelled. Repeated cancellations must leave no request, cache cell or memory behind.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from loadtest.metrics import Samples, delta, scrape, value
-from specgate_client import GenerateParams, gate_headers, grpc_inputs, stream_engine
-from specgate_launcher import engine_key
 from specgate.contract import ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, PARAM_ALGORITHM, engine_inputs
 from specgate.text.tokenizer import PromptTokenizer
+from specgate_client import GenerateParams, gate_headers, grpc_inputs, stream_engine
+from specgate_launcher import engine_key
 from tests.conftest import CHECKPOINT
 from tests.integration.server_state import engines_idle, kv_tokens, memory
 
@@ -77,7 +77,8 @@ def test_cancel_through_llm_stops_the_engine(request, server, mode: str, proto: 
     seen = _cancel_llm(request.getfixturevalue(proto), mode)
     after = engines_idle(server.metrics)
     generated = delta(before, after, ENGINE_TOKENS_METRIC, model=model)
-    print(f"\n{model} over {proto}: client saw {seen} tokens, engine generated {generated:.0f} of {LONG.max_tokens}; {_cancels(before, after, model)}")
+    print(f"\n{model} over {proto}: client saw {seen} tokens, engine generated {generated:.0f} of {LONG.max_tokens}; "
+          f"{_cancels(before, after, model)}")
     assert seen <= generated <= seen + FEW
     assert delta(before, after, ENGINE_CANCELLED_METRIC, model=model) == 1
     assert delta(before, after, "spec_gate_cancelled_total") == 1  # the gate stopped its BLS stream
@@ -120,7 +121,8 @@ def test_a_client_that_leaves_a_non_streamed_request_stops_it(server, mode: str)
     _leave_unstreamed(server, mode)
     after = engines_idle(server.metrics)
     generated = delta(before, after, ENGINE_TOKENS_METRIC, model=model)
-    print(f"\n{model}, non-streamed over gRPC: the client left; the engine generated {generated:.0f} of {UNSTREAMED.max_tokens}; {_cancels(before, after, model)}")
+    print(f"\n{model}, non-streamed over gRPC: the client left; the engine generated {generated:.0f} of {UNSTREAMED.max_tokens}; "
+          f"{_cancels(before, after, model)}")
     assert delta(before, after, ENGINE_CANCELLED_METRIC, model=model) == 1
     assert delta(before, after, "spec_gate_cancelled_total") == 1
     assert generated < UNSTREAMED.max_tokens

@@ -18,7 +18,14 @@ import pytest
 
 from loadtest.metrics import delta, scrape
 from specgate.contract import (
-    HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_ENGINE_KEY, PARAM_HAND_OVER, PARAM_PING, engine_inputs,
+    HEADER_SPEC_MODE,
+    PARAM_ALGORITHM,
+    PARAM_CALIBRATE,
+    PARAM_CANCEL,
+    PARAM_ENGINE_KEY,
+    PARAM_HAND_OVER,
+    PARAM_PING,
+    engine_inputs,
 )
 from specgate_client import GenerateParams, ServerError, stream_engine
 from specgate_launcher import engine_key
@@ -32,7 +39,8 @@ VOCAB = 49152  # SmolLM2's
 
 def _refused(url: str, model: str, arrays: dict[str, np.ndarray], params: dict, key: str | None = None) -> str:
     with pytest.raises(ServerError) as err:
-        list(stream_engine(url, model, arrays, params, ["text_output" if model == "spec_gate" else "output_ids"], timeout_s=120, engine_key=key))
+        list(stream_engine(url, model, arrays, params, ["text_output" if model == "spec_gate" else "output_ids"], timeout_s=120,
+                           engine_key=key))
     return str(err.value)
 
 

@@ -40,7 +40,8 @@ def oai(front) -> openai.OpenAI:
 
 
 def _chat(oai: openai.OpenAI, stream: bool, **kw):
-    return oai.chat.completions.create(model="llm", messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX, temperature=0, stream=stream, **kw)
+    return oai.chat.completions.create(model="llm", messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX, temperature=0,
+                                       stream=stream, **kw)
 
 
 def _streamed_chat(oai: openai.OpenAI, **kw) -> tuple[str, list]:
@@ -63,7 +64,8 @@ def test_chat_stream_equals_unary_and_llm_directly(oai, grpc):
 def test_completions_stream_equals_unary_and_llm_directly(oai, grpc):
     prompt = "The three primary colours are"
     unary = oai.completions.create(model="llm", prompt=prompt, max_tokens=MAX, temperature=0)
-    streamed = "".join(c.choices[0].text for c in oai.completions.create(model="llm", prompt=prompt, max_tokens=MAX, stream=True) if c.choices)
+    streamed = "".join(c.choices[0].text for c in oai.completions.create(model="llm", prompt=prompt, max_tokens=MAX, stream=True)
+                       if c.choices)
     direct = grpc.generate(prompt, GenerateParams(max_tokens=MAX, apply_chat_template=False)).text
     assert unary.choices[0].text == streamed == direct != ""
     assert unary.usage.completion_tokens == MAX and unary.choices[0].finish_reason == "length"
@@ -116,7 +118,8 @@ def test_streamed_response_headers_and_chunks_carry_the_route(front):
 def test_use_speculative_decoding_routes(oai, front, where):
     def meta(flag: bool) -> dict:
         if where == "openai client":  # merges extra_body into the top level
-            return _chat(oai, False, extra_body={"use_speculative_decoding": flag, "speculative_algorithm": "ngram", "num_speculative_tokens": 4}).specgate
+            return _chat(oai, False, extra_body={"use_speculative_decoding": flag, "speculative_algorithm": "ngram",
+                                                 "num_speculative_tokens": 4}).specgate
         body = {"model": "llm", "prompt": PROMPT, "max_tokens": MAX,
                 "extra_body": {"use_speculative_decoding": flag, "speculative_algorithm": "ngram", "num_speculative_tokens": 4}}
         r = requests.post(f"{front[0]}/v1/completions", json=body, timeout=120)
@@ -141,14 +144,16 @@ BAD = [
     ("body past the limit", {"model": "llm", "prompt": "word " * 220_000}, {}, 413, "at most"),
     ("unknown algorithm (the gate)", {"model": "llm", "prompt": "Hi", "speculative_algorithm": "medusa"}, {}, 400, "speculative_algorithm"),
     ("malformed header (the gate)", {"model": "llm", "prompt": "Hi"}, {"x-speculative-decoding": "maybe"}, 400, "x-speculative-decoding"),
-    ("malformed header, streamed", {"model": "llm", "prompt": "Hi", "stream": True}, {"x-speculative-decoding": "maybe"}, 400, "x-speculative-decoding"),
+    ("malformed header, streamed", {"model": "llm", "prompt": "Hi", "stream": True}, {"x-speculative-decoding": "maybe"}, 400,
+     "x-speculative-decoding"),
     ("empty prompt (preprocessing)", {"model": "llm", "prompt": ""}, {}, 400, "empty"),
 ]
 
 
 @pytest.mark.parametrize("name, body, headers, status, needle", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_is_an_openai_error_and_the_front_keeps_serving(front, oai, name, body, headers, status, needle):
-    kw = {"data": body, "headers": {"content-type": "application/json", **headers}} if isinstance(body, bytes) else {"json": body, "headers": headers}
+    kw = ({"data": body, "headers": {"content-type": "application/json", **headers}} if isinstance(body, bytes)
+          else {"json": body, "headers": headers})
     r = requests.post(f"{front[0]}/v1/completions", timeout=120, **kw)
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -236,7 +241,8 @@ def test_a_dead_target_engine_loses_no_request(front, http):
     try:
         _kill("target_engine")
         for stream in (False, True):
-            r = requests.post(f"{front[0]}/v1/chat/completions", json={**body, "stream": stream}, headers={"x-speculative-decoding": "off"}, timeout=300)
+            r = requests.post(f"{front[0]}/v1/chat/completions", json={**body, "stream": stream}, headers={"x-speculative-decoding": "off"},
+                              timeout=300)
             print(f"\ntarget_engine killed, stream={stream}: HTTP {r.status_code}: {r.text[-300:]}")
             assert r.status_code == 200, r.text
             last = json.loads(r.text.split("data: ")[-2]) if stream else r.json()

@@ -27,9 +27,9 @@ import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specgate_client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS
+from specgate_client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
 
 CASES = 80  # per protocol
 GOOD_EVERY = 10
@@ -54,8 +54,11 @@ TYPE_OF = {t.name: t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES") for 
 NP = {"BYTES": np.object_, "BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32, "INT64": np.int64,
       "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
 
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12))
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=2), max_leaves=6)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+                         st.text(max_size=12))
+json_values = st.recursive(json_scalars,
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=2),
+                           max_leaves=6)
 header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=16)  # what gRPC metadata allows
 # A request starts valid (max_tokens always, and at most 4 of them, so no case is long) ...
 VALID = {
@@ -166,7 +169,8 @@ def grpc_cases(draw) -> tuple[list, dict[str, str]]:
         t = grpcclient.InferInput(name, list(arr.shape), dtype)
         t.set_data_from_numpy(arr)
         inputs.append(t)
-    headers = {h: draw(VALID[h] if draw(st.booleans()) else ODD[h]) for h in draw(st.lists(st.sampled_from([HEADER_API_KEY, HEADER_SPEC_MODE]), unique=True))}
+    headers = {h: draw(VALID[h] if draw(st.booleans()) else ODD[h])
+               for h in draw(st.lists(st.sampled_from([HEADER_API_KEY, HEADER_SPEC_MODE]), unique=True))}
     return inputs, headers
 
 

@@ -18,9 +18,9 @@ import requests
 import yaml
 
 from loadtest.metrics import delta, delta_by, scrape, value
-from specgate_client import GenerateParams, ServerError, collect
 from specgate.contract import SPEC_ALGORITHMS
 from specgate.gate.tenants import hash_key
+from specgate_client import GenerateParams, ServerError, collect
 from tests.conftest import COMPUTE_LOCK, TEST_KEYS, TEST_OUT, TEST_POLICY
 
 GREEDY = GenerateParams(max_tokens=24, num_speculative_tokens=4)

@@ -235,13 +235,15 @@ def test_a_slow_spec_engine_that_answers_pings_is_not_a_failure(http, server):
         fcntl.flock(lock, fcntl.LOCK_EX)  # no engine decodes until it is released
         try:
             # a tenant with a breaker of its own (the other tests here open tenant-failover's)
-            pending = ex.submit(http.generate, PROMPTS[0], GenerateParams(max_tokens=16, num_speculative_tokens=4), api_key="tenant-cancel", spec_mode="prod")
+            pending = ex.submit(http.generate, PROMPTS[0], GenerateParams(max_tokens=16, num_speculative_tokens=4), api_key="tenant-cancel",
+                                spec_mode="prod")
             time.sleep(stall_s + 5)
             assert not pending.done(), "served while the engines could not decode: nothing was tested"
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
         r = pending.result(timeout=300)
     after = scrape(server.metrics)
-    print(f"\nspec_engine held {stall_s + 5:.0f} s (stall timeout {stall_s:.0f} s): route {r.meta['route']}, reason {r.meta['gate_reason']}")
+    print(f"\nspec_engine held {stall_s + 5:.0f} s (stall timeout {stall_s:.0f} s): "
+          f"route {r.meta['route']}, reason {r.meta['gate_reason']}")
     assert (r.meta["route"], r.meta["gate_reason"]) == ("speculative", "prod")
     assert delta(before, after, "spec_gate_engine_failures_total", engine="speculative") == 0

@@ -48,12 +48,19 @@ import yaml
 
 from loadtest.metrics import delta, scrape, value
 from specgate.algorithms import SPEC_ALGORITHMS
-from specgate.machine import machine
 from specgate.contract import (
-    ENGINE_CANCELLED_METRIC, ENGINE_TOKENS_METRIC, HEADER_SPEC_MODE, PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_ENGINE_KEY, PARAM_HAND_OVER, engine_inputs,
+    ENGINE_CANCELLED_METRIC,
+    ENGINE_TOKENS_METRIC,
+    HEADER_SPEC_MODE,
+    PARAM_ALGORITHM,
+    PARAM_CALIBRATE,
+    PARAM_ENGINE_KEY,
+    PARAM_HAND_OVER,
+    engine_inputs,
 )
-from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from specgate.gate import REASONS
+from specgate.machine import machine
+from specgate_client import GenerateParams, Result, ServerError, collect, gate_headers, grpc_inputs, stream_engine
 from tests.conftest import COMPUTE_LOCK, TEST_POLICY, stub_pids
 from tests.integration.server_state import ENGINES, MODELS, engines_idle, kv_tokens, memory
 
@@ -184,7 +191,8 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
             max_tokens=rng.randint(2, MAX_TOKENS), temperature=rng.choice([0.0, 0.0, 0.0, 0.5, 0.9]), seed=seed,
             speculative_algorithm=algorithm, num_speculative_tokens=rng.choice([None, 2, 4]),
         )
-        kw = {"spec_mode": rng.choice([None, "prod", "prod", "shadow", "off"]), "api_key": rng.choice([None, "tenant-prod", "tenant-shadow"])}
+        kw = {"spec_mode": rng.choice([None, "prod", "prod", "shadow", "off"]),
+              "api_key": rng.choice([None, "tenant-prod", "tenant-shadow"])}
         prompt = rng.choice(PROMPTS)
         streamed = call in ("http_stream", "grpc_stream")
         cancel = streamed and rng.randrange(CANCEL_EVERY) == 0
@@ -212,7 +220,8 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
         with lock:
             counts["answered"] += 1
             counts["delivered_tokens"] += r.meta["num_output_tokens"]
-            counts[f"{r.meta['route']}:{algorithm or 'policy'}" if r.meta["route"] == "speculative" else f"baseline:{r.meta['gate_reason']}"] += 1
+            counts[f"{r.meta['route']}:{algorithm or 'policy'}" if r.meta["route"] == "speculative"
+                   else f"baseline:{r.meta['gate_reason']}"] += 1
             if why:
                 malformed.append(f"{call} {params} {kw}: {why}")
 
@@ -315,7 +324,8 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
     # default, it must be the same tokens (mirrors at T=0.5 are not compared)
     mismatches = delta(before, after, "spec_gate_shadow_mismatch_total")
     breakers = {dict(labels)["tenant"]: v for (name, labels), v in after.items() if name == "spec_gate_circuit_open"}
-    print(f"  issue 26: {counts['left']} non-streamed clients left (max_tokens {LEAVE.max_tokens}); the engines made {undelivered:.0f} tokens "
+    print(f"  issue 26: {counts['left']} non-streamed clients left (max_tokens {LEAVE.max_tokens}); "
+          f"the engines made {undelivered:.0f} tokens "
           f"no client received, of which at most {others:.0f} for {mirrors:.0f} mirrors and {counts['cancelled']} cancelled streams: "
           f"at most {undelivered / max(counts['left'], 1):.0f} per client that left; engine requests stopped by a cancel: {stopped}; "
           f"{counts['keyless']} keyless engine calls, {len(obeyed)} obeyed; {counts['slow']} slow stretches of {stall_s + 2:.0f} s; "

@@ -12,8 +12,8 @@ import csv
 
 import yaml
 
-from loadtest.run import run_scenario
 from loadtest.metrics import delta_by, scrape
+from loadtest.run import run_scenario
 
 # tests/integration/policy.yaml: org mode off, tenant-prod prod, tenant-shadow shadow
 WORKLOAD = {

@@ -315,7 +315,8 @@ def _back(c: Cluster, index: int, old_pid: int) -> float:
 
 def _ok_generate(port: int) -> bool:
     try:
-        return requests.post(f"http://127.0.0.1:{port}/v2/models/llm/generate", json={"text_input": "Hi", "max_tokens": 2}, timeout=30).status_code == 200
+        return requests.post(f"http://127.0.0.1:{port}/v2/models/llm/generate", json={"text_input": "Hi", "max_tokens": 2},
+                             timeout=30).status_code == 200
     except requests.RequestException:
         return False
 
@@ -340,7 +341,8 @@ def test_kill_a_target_engine_stub_under_load(cluster: Cluster) -> None:
         disturbed = disturbed_f.result(timeout=300)
     assert disturbed == undisturbed
     back_s = time.monotonic() - killed + _back(cluster, 1, old_pid)
-    print(f"\ntarget_engine stub of {victim.name} killed: {len(disturbed)} requests answered, as undisturbed; serving again after {back_s:.0f} s")
+    print(f"\ntarget_engine stub of {victim.name} killed: {len(disturbed)} requests answered, as undisturbed; "
+          f"serving again after {back_s:.0f} s")
     assert back_s < 60
     wait_for("HAProxy to take it back", lambda: "replica-1" in _servers_up(cluster), 30)
     wait_calibrated(OUT / "model_repository")  # the module's later tests route to spec_engine
@@ -354,7 +356,8 @@ def test_kill_a_front_under_load(cluster: Cluster) -> None:
     victim = cluster.state.replicas[0]
     with ThreadPoolExecutor(1) as pool:
         disturbed_f = pool.submit(_run_clients, cluster)
-        wait_for("requests in flight on the victim", lambda: value(scrape(victim.ports.metrics), "spec_gate_in_flight") >= 1 or disturbed_f.done(), 60, 0.05)
+        wait_for("requests in flight on the victim",
+                 lambda: value(scrape(victim.ports.metrics), "spec_gate_in_flight") >= 1 or disturbed_f.done(), 60, 0.05)
         killed = time.monotonic()
         os.kill(victim.front_pid, signal.SIGKILL)
         wait_for("HAProxy to take the dead front out", lambda: "replica-0" not in _servers_up(cluster, "openai_front"), 30, 0.2)
@@ -362,12 +365,14 @@ def test_kill_a_front_under_load(cluster: Cluster) -> None:
     assert disturbed == undisturbed
     wait_for("its new front", lambda: _ok(f"{cluster.url(victim.ports.front)}/v1/models"), 60)
     wait_for("HAProxy to take it back", lambda: "replica-0" in _servers_up(cluster, "openai_front"), 30, 0.2)
-    print(f"\nfront of {victim.name} killed: {len(disturbed)} requests answered, as undisturbed; serving again after {time.monotonic() - killed:.0f} s")
+    print(f"\nfront of {victim.name} killed: {len(disturbed)} requests answered, as undisturbed; "
+          f"serving again after {time.monotonic() - killed:.0f} s")
 
 
 def _haproxy_retries(c: Cluster) -> float:
     s = scrape(f"{c.url(c.state.public.haproxy_stats)}/metrics")
-    return sum(v for (name, lbl), v in s.items() if name in ("haproxy_backend_retry_warnings_total", "haproxy_backend_redispatch_warnings_total")
+    return sum(v for (name, lbl), v in s.items()
+               if name in ("haproxy_backend_retry_warnings_total", "haproxy_backend_redispatch_warnings_total")
                and dict(lbl).get("proxy") == "openai_front")
 
 
@@ -382,7 +387,8 @@ def test_policy_change_reaches_both_replicas(cluster: Cluster) -> None:
     tmp.write_text(yaml.safe_dump(edited))
     os.replace(tmp, cluster.policy)  # atomically, as docs/gate.md asks
     for r in replicas:
-        wait_for(f"{r.name} to reload the policy", lambda r=r: generate(r.ports.http, "Hi", temperature=0.5, seed=3)["gate_reason"] == "temperature", 30, 1)
+        wait_for(f"{r.name} to reload the policy",
+                 lambda r=r: generate(r.ports.http, "Hi", temperature=0.5, seed=3)["gate_reason"] == "temperature", 30, 1)
 
 
 # --- Prometheus ----------------------------------------------------------------------------------
@@ -398,7 +404,8 @@ def test_prometheus_answers_rules_and_dashboard_from_both_replicas(cluster: Clus
         assert out["route"] == "speculative" and out["num_draft_tokens"] > 0, out
     wait_for("both replicas scraped", lambda: {r["metric"]["pod"] for r in cluster.prom('up{job="specgate"} == 1')} == pods, 60, 1)
     ratio = wait_for("the queue:compute rule from both replicas",
-                     lambda: (res := cluster.prom("triton:queue_compute:ratio")) and {r["metric"]["pod"] for r in res} == pods and res, 90, 2)
+                     lambda: (res := cluster.prom("triton:queue_compute:ratio")) and {r["metric"]["pod"] for r in res} == pods and res,
+                     90, 2)
     assert {r["metric"]["model"] for r in ratio} >= {"llm", "spec_gate", "target_engine"}
     for rule in ("namespace:spec_decode_acceptance:ratio_rate1m", "pod:spec_decode_acceptance:ratio_rate1m",
                  "namespace:spec_decode_mean_acceptance_length:rate1m", "namespace_route_reason:spec_gate_decisions:rate1m",

@@ -51,7 +51,8 @@ def test_an_engine_measures_a_response_s_cost_and_streams_at_the_interval_it_exp
         if i == STREAMS - 1:
             readings.append(_measured(server.metrics, model))
         start = time.perf_counter()
-        responses = list(stream_engine(f"localhost:{server.grpc}", model, engine_inputs(ids, TOKENS, 2, streaming=True), params, engine_key=engine_key()))
+        responses = list(stream_engine(f"localhost:{server.grpc}", model, engine_inputs(ids, TOKENS, 2, streaming=True), params,
+                                       engine_key=engine_key()))
     readings.append(_measured(server.metrics, model))
     for cost, interval in readings:
         assert interval == pytest.approx(min(MAX_INTERVAL_MS / 1000, cost / budget), rel=1e-3, abs=1e-6)

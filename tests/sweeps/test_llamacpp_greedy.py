@@ -61,7 +61,8 @@ pytestmark = pytest.mark.timeout(3600)
 
 @pytest.fixture(scope="module")
 def cfg(gguf) -> EngineConfig:  # noqa: ANN001
-    return EngineConfig(model=gguf, draft_model=DRAFT_GGUF, eagle_head_dir=HEAD, max_context=MAX_LEN, dtype="float32", exact=True, queue_timeout_s=1e6)
+    return EngineConfig(model=gguf, draft_model=DRAFT_GGUF, eagle_head_dir=HEAD, max_context=MAX_LEN, dtype="float32", exact=True,
+                        queue_timeout_s=1e6)
 
 
 @pytest.fixture(scope="module")

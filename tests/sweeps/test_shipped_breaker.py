@@ -10,16 +10,15 @@ and judged against this machine's measured break-even.
 
 from __future__ import annotations
 
-from specgate.decoding.config import EngineConfig
+from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.measure import calibrate
+from specgate.cost_model.route import best_algorithm, breaker_thresholds
+from specgate.decoding.config import CalibrationOverride, EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.sampling import SamplingParams
 from specgate.gate.breaker import BreakerState, CircuitBreakers
-from specgate.cost_model.route import best_algorithm, breaker_thresholds
 from specgate.gate.policy import load_policy
-from specgate.cost_model.calibration import Calibration
-from specgate.decoding.config import CalibrationOverride
 from specgate.speculative import SpeculativeGenerator
-from specgate.cost_model.measure import calibrate
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 from tests.conftest import DRAFT_GGUF, HEAD, ROOT

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from build.make_draft_model import DEFAULT_LAYERS, make_draft
 from specgate.decoding.model import KVCache, Llama, load_llama
-from specgate.decoding.sampling import SamplingParams, warp
 from specgate.decoding.plain import greedy_decode
+from specgate.decoding.sampling import SamplingParams, warp
 from specgate.decoding.torch_target import TorchTarget
 from specgate.decoding.tree import DraftTree
 from specgate.speculative import SpeculativeGenerator
@@ -119,8 +119,10 @@ def test_greedy_is_token_identical(generator, prompts, reference, algorithm: str
     drafted = accepted = steps = 0
     for prompt, ref in list(zip(prompts, reference))[::PER_ALGORITHM_STEP]:
         out, stream = _run(generator, prompt, NEW_TOKENS, algorithm=algorithm)
-        assert out == ref, f"{algorithm} diverged from greedy after {next(i for i, (a, b) in enumerate(zip(out + [-1], ref + [-2])) if a != b)} tokens"
-        drafted, accepted, steps = drafted + stream.stats.draft_tokens, accepted + stream.stats.accepted_tokens, steps + stream.stats.num_drafts
+        assert out == ref, (f"{algorithm} diverged from greedy after "
+                            f"{next(i for i, (a, b) in enumerate(zip(out + [-1], ref + [-2])) if a != b)} tokens")
+        drafted, accepted, steps = (drafted + stream.stats.draft_tokens, accepted + stream.stats.accepted_tokens,
+                                    steps + stream.stats.num_drafts)
     print(f"\n{algorithm}: {steps} verifications with drafts, {accepted} of {drafted} draft tokens accepted")
     assert drafted > 0
 

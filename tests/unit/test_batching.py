@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.batch_runner import BatchRunner, QueueFull
+from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.sampling import SamplingParams
 from tests.prompts import GREEDY_PROMPTS
 from tests.unit.torch_engine import chat_ids, model, run_all, tok, torch_runner  # noqa: F401 (fixtures)

@@ -122,7 +122,8 @@ def test_a_republished_calibration_keeps_the_measured_shape_and_floor() -> None:
     from specgate.machine import machine
 
     curve = CostCurve(tokens=[1, 2, 8], ms=[10.0, 17.0, 39.0], floor_ms=9.8, others=0.01)
-    cal = Calibration.build(curve, {"ngram": 0.1}, set(), machine=machine(), backend="llamacpp", dtype="Q4_1", threads=2, measured_at="then")
+    cal = Calibration.build(curve, {"ngram": 0.1}, set(), machine=machine(), backend="llamacpp", dtype="Q4_1", threads=2,
+                            measured_at="then")
     now = cal.refined(12.0, {"ngram": 0.2}, at="now")
     assert now.curve.ms == pytest.approx([12.0, 20.4, 46.8]) and now.curve.floor_ms == 9.8
     assert [now.curve.ratio(t) for t in (2, 8)] == pytest.approx([1.7, 3.9])

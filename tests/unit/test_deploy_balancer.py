@@ -25,7 +25,8 @@ def _alive(pid: int) -> bool:
 def test_a_helper_dies_with_the_supervisor_that_was_killed(tmp_path: Path) -> None:
     supervisor = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from specgate_deploy.balancer import _spawn; "
-         "print(_spawn(['sleep', '60'], __import__('pathlib').Path(sys.argv[1])).pid, flush=True); time.sleep(60)", str(tmp_path / "helper.log")],
+         "print(_spawn(['sleep', '60'], __import__('pathlib').Path(sys.argv[1])).pid, flush=True); time.sleep(60)",
+         str(tmp_path / "helper.log")],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python_backend")},
     )
     helper = int(supervisor.stdout.readline())

@@ -78,7 +78,8 @@ def test_cpu_image_builds_llama_cpp_before_the_code_and_for_any_cpu() -> None:
                                                     "build/llamacpp_kernels build/llamacpp_kernels"]
     # exactly what make setup's own build depends on (its stamp's prerequisites)
     stamp = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if ln.startswith("$(STAMP):"))
-    assert stamp.split(":", 1)[1].strip() == "pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py $(wildcard build/llamacpp_kernels/*)"
+    assert (stamp.split(":", 1)[1].strip()
+            == "pyproject.toml build/install_llamacpp.py build/llamacpp_patch.py $(wildcard build/llamacpp_kernels/*)")
     assert llama < whole and "LLAMA_CPP_BUILD=portable" in next(a for i, a in builder if i == "ENV")
 
 
@@ -117,7 +118,8 @@ def test_replicas_file_round_trip(tmp_path: Path) -> None:
     assert (ports.http, ports.grpc, ports.metrics, ports.front) == (8110, 8111, 8112, 8113)
     state = ClusterState(launcher_pid=1, haproxy_pid=2, prometheus_pid=None,
                          public=PublicPorts(http=8000, grpc=8001, front=9000, prometheus=9090, haproxy_stats=8404),
-                         replicas=[ReplicaRecord(name="replica-1", ports=PortSet(**vars(ports)), tritonserver_pid=3, front_pid=4, status="ready")])
+                         replicas=[ReplicaRecord(name="replica-1", ports=PortSet(**vars(ports)), tritonserver_pid=3, front_pid=4,
+                                                 status="ready")])
     write_state(tmp_path / "replicas.json", state)
     assert read_state(tmp_path / "replicas.json") == state
     assert not list(tmp_path.glob(".*tmp"))
@@ -158,11 +160,11 @@ def _used_checkout(root: Path) -> Path:
     """This checkout's .dockerignore in a tree as a user's looks after `make setup`, `make serve` and
     the Kubernetes secrets step: what `COPY . /app` must and must not take."""
     shutil.copy(ROOT / ".dockerignore", root / ".dockerignore")
-    needed = ["pyproject.toml", "Makefile", "build/install_llamacpp.py", "python_backend/specgate/machine.py", "heads/smollm2-135m-eagle/config.json",
-              "policy/default.yaml", "deploy/k8s/base/secrets/README.md"]
-    secret = ["artifacts/secrets/admin.key", "artifacts/secrets/label.key", "artifacts/secrets/engine.key", "artifacts/model_repository/llm/config.pbtxt",
-              "deploy/k8s/base/secrets/admin.key", "deploy/k8s/base/secrets/tenants.yaml", ".venv/.installed", ".git/config", "my.pem", "policy/.env",
-              "python_backend/specgate/__pycache__/machine.cpython-311.pyc"]
+    needed = ["pyproject.toml", "Makefile", "build/install_llamacpp.py", "python_backend/specgate/machine.py",
+              "heads/smollm2-135m-eagle/config.json", "policy/default.yaml", "deploy/k8s/base/secrets/README.md"]
+    secret = ["artifacts/secrets/admin.key", "artifacts/secrets/label.key", "artifacts/secrets/engine.key",
+              "artifacts/model_repository/llm/config.pbtxt", "deploy/k8s/base/secrets/admin.key", "deploy/k8s/base/secrets/tenants.yaml",
+              ".venv/.installed", ".git/config", "my.pem", "policy/.env", "python_backend/specgate/__pycache__/machine.cpython-311.pyc"]
     for name in needed + secret:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("x")
@@ -172,7 +174,8 @@ def _used_checkout(root: Path) -> Path:
 
 def test_the_build_context_of_a_used_checkout_holds_no_secret(tmp_path: Path) -> None:
     files = context_files(_used_checkout(tmp_path))
-    assert {"pyproject.toml", "build/install_llamacpp.py", "python_backend/specgate/machine.py", "heads/smollm2-135m-eagle/config.json"} <= files
+    assert {"pyproject.toml", "build/install_llamacpp.py", "python_backend/specgate/machine.py",
+            "heads/smollm2-135m-eagle/config.json"} <= files
     assert not [f for f in files if _secret(f) or "__pycache__" in f]
 
 

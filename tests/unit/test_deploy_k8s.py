@@ -23,7 +23,8 @@ from tests.unit.k8s_render import K8S, OVERLAYS, ROOT, kustomize_command, render
 KUBERNETES_VERSION = "1.32.0"  # pinned: the cluster version the manifests are checked against
 CRDS = {"ServiceMonitor", "PrometheusRule"}
 
-pytestmark = pytest.mark.skipif(kustomize_command() is None, reason="no kustomize renderer: neither `kustomize` nor `kubectl` is on PATH (k8s_render.py)")
+pytestmark = pytest.mark.skipif(kustomize_command() is None,
+                                reason="no kustomize renderer: neither `kustomize` nor `kubectl` is on PATH (k8s_render.py)")
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +98,8 @@ def test_every_resource_validates(rendered: dict[str, list[dict]], overlay: str)
 
     docs = rendered[overlay]
     extra = {"PersistentVolumeClaim"} if overlay == "gpu" else set()  # the engines' volume
-    assert {d["kind"] for d in docs} == {"ConfigMap", "Secret", "Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler", "NetworkPolicy",
-                                        *CRDS, *extra}
+    assert {d["kind"] for d in docs} == {"ConfigMap", "Secret", "Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+                                        "NetworkPolicy", *CRDS, *extra}
     for doc in docs:
         if doc["kind"] == "PrometheusRule":
             PrometheusRule.model_validate(doc)
@@ -166,7 +167,8 @@ def test_the_pod_writes_only_to_its_empty_dirs(rendered: dict[str, list[dict]]) 
 def test_replicas_spread_over_nodes(rendered: dict[str, list[dict]]) -> None:
     pod = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]
     (spread,) = pod["topologySpreadConstraints"]
-    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["labelSelector"]["matchLabels"] == one(rendered["cpu"], "Deployment")["spec"]["selector"]["matchLabels"]
+    assert (spread["topologyKey"] == "kubernetes.io/hostname"
+            and spread["labelSelector"]["matchLabels"] == one(rendered["cpu"], "Deployment")["spec"]["selector"]["matchLabels"])
     assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # a one-node cluster still runs both
 
 
@@ -174,7 +176,8 @@ def test_network_policy_admits_only_the_serving_ports_and_metrics_from_monitorin
     docs = rendered["cpu"]
     policy = one(docs, "NetworkPolicy")["spec"]
     names = {p["name"]: p["containerPort"] for p in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert policy["podSelector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"] and policy["policyTypes"] == ["Ingress"]
+    assert (policy["podSelector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+            and policy["policyTypes"] == ["Ingress"])
     anyone = [r for r in policy["ingress"] if "from" not in r]
     scoped = [r for r in policy["ingress"] if "from" in r]
     assert {names[p["port"]] for r in anyone for p in r["ports"]} == {9000, 8000, 8001}
@@ -191,7 +194,8 @@ def test_service_ports_and_monitor(rendered: dict[str, list[dict]]) -> None:
     assert mon["spec"]["endpoints"][0]["port"] == "metrics"
     assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     dep = one(docs, "Deployment")
-    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"] == one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    assert (svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+            == one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"])
 
 
 def test_hpa_scales_on_the_recording_rules(rendered: dict[str, list[dict]]) -> None:
@@ -202,7 +206,8 @@ def test_hpa_scales_on_the_recording_rules(rendered: dict[str, list[dict]]) -> N
     records = {r["record"]: r["expr"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert metrics == ["triton:queue_compute:ratio", "pod:spec_gate_queued:avg1m"]
     # NVIDIA's expression, unchanged
-    assert records[metrics[0]] == "rate(nv_inference_queue_duration_us[1m]) / clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)"
+    assert records[metrics[0]] == ("rate(nv_inference_queue_duration_us[1m]) / "
+                                   "clamp_min(rate(nv_inference_compute_infer_duration_us[1m]), 1)")
     assert "spec_gate_queued" in records[metrics[1]]
     assert hpa["spec"]["scaleTargetRef"]["name"] == one(docs, "Deployment")["metadata"]["name"]
     adapter = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
@@ -282,7 +287,9 @@ def test_the_gpu_pod_builds_its_engines_in_an_init_container(rendered: dict[str,
 
 def test_dashboard_copy_is_the_dashboard() -> None:
     copy_ = K8S / "base" / "grafana" / "specgate.json"
-    assert copy_.read_text() == (ROOT / "dashboards" / "specgate.json").read_text(), f"cp dashboards/specgate.json {copy_.relative_to(ROOT)}"
+    assert copy_.read_text() == (ROOT / "dashboards" / "specgate.json").read_text(), (
+        f"cp dashboards/specgate.json {copy_.relative_to(ROOT)}"
+    )
 
 
 def test_overlays_differ_only_in_image_resources_and_gpu(rendered: dict[str, list[dict]]) -> None:

@@ -114,8 +114,10 @@ def test_recording_rules_compute_what_they_say(tmp_path: Path) -> None:
             {"expr": "namespace:spec_decode_mean_acceptance_length:rate1m", "eval_time": "5m", "exp_samples": [
                 {"labels": 'namespace:spec_decode_mean_acceptance_length:rate1m{namespace="ns"}', "value": 3}]},
             {"expr": "namespace_route_reason:spec_gate_decisions:rate1m", "eval_time": "5m", "exp_samples": [
-                {"labels": 'namespace_route_reason:spec_gate_decisions:rate1m{namespace="ns", route="speculative", reason="prod"}', "value": 1},
-                {"labels": 'namespace_route_reason:spec_gate_decisions:rate1m{namespace="ns", route="baseline", reason="circuit_open"}', "value": 0.5}]},
+                {"labels": 'namespace_route_reason:spec_gate_decisions:rate1m{namespace="ns", route="speculative", reason="prod"}',
+                 "value": 1},
+                {"labels": 'namespace_route_reason:spec_gate_decisions:rate1m{namespace="ns", route="baseline", reason="circuit_open"}',
+                 "value": 0.5}]},
             {"expr": "pod:spec_gate_queued:avg1m", "eval_time": "5m", "exp_samples": [
                 {"labels": f'pod:spec_gate_queued:avg1m{{{pod("a")}}}', "value": 6},
                 {"labels": f'pod:spec_gate_queued:avg1m{{{pod("b")}}}', "value": 0}]},
@@ -138,14 +140,17 @@ def test_dashboard_and_adapter_queries_parse(tmp_path: Path) -> None:
     res = promtool("check", "rules", str(tmp_path / "q.yaml"))
     assert res.returncode == 0, res.stdout + res.stderr
     # and the check can fail
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": [{"record": "bad:q", "expr": "sum(rate(x[1m])"}]}]}))
+    (tmp_path / "bad.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "bad", "rules": [{"record": "bad:q", "expr": "sum(rate(x[1m])"}]}]})
+    )
     assert promtool("check", "rules", str(tmp_path / "bad.yaml")).returncode != 0
 
 
 def _two_replicas() -> tuple[list[ReplicaRecord], PublicPorts]:
     from specgate_deploy.replica import replica_ports
 
-    recs = [ReplicaRecord(name=f"replica-{i}", ports=PortSet(**vars(replica_ports(29100, i))), tritonserver_pid=None, front_pid=None, status="starting")
+    recs = [ReplicaRecord(name=f"replica-{i}", ports=PortSet(**vars(replica_ports(29100, i))), tritonserver_pid=None, front_pid=None,
+                          status="starting")
             for i in range(2)]
     return recs, PublicPorts(http=29080, grpc=29081, front=29089, prometheus=29090, haproxy_stats=29091)
 

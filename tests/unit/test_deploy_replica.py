@@ -62,7 +62,8 @@ def looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Looks:
         (tmp_path / model).mkdir()
         (tmp_path / model / "config.pbtxt").write_text(f'name: "{model}"\nbackend: "python"\n')
     looks = Looks(Counter(target_engine=1, spec_engine=1))
-    monkeypatch.setattr(health, "repository_index", lambda *_: [ModelState(name=m, state="READY") for m in ("target_engine", "spec_engine")])
+    monkeypatch.setattr(health, "repository_index",
+                        lambda *_: [ModelState(name=m, state="READY") for m in ("target_engine", "spec_engine")])
     monkeypatch.setattr(health, "live_stubs", lambda pid: looks.stubs)
     monkeypatch.setattr(health, "reload_model", lambda port, headers, model: looks.reloads.append(model))
     monkeypatch.setattr(health, "unanswered_pings", lambda port, engines, key: [e for e in engines if e in looks.hung], raising=False)
@@ -131,7 +132,9 @@ def test_in_a_container_a_server_that_cannot_serve_is_stopped_for_the_kubelet(tm
 
 
 @pytest.mark.parametrize("engine", ["target_engine", "spec_engine"])
-def test_an_engine_that_answers_no_ping_has_its_stubs_killed_then_is_restarted_or_reloaded(tmp_path: Path, looks: Looks, engine: str) -> None:
+def test_an_engine_that_answers_no_ping_has_its_stubs_killed_then_is_restarted_or_reloaded(
+    tmp_path: Path, looks: Looks, engine: str
+) -> None:
     """Issue 49: a hung stub (alive, answering nothing) kept its model READY and its process count
     whole, so the supervisor saw nothing, and every request to it failed after two ping timeouts."""
     r, started = _ready(tmp_path)

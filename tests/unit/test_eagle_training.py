@@ -14,6 +14,7 @@ from build.train_eagle import batches, loss_fn, make_batch
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig
 from tests.unit.tiny_model import TINY, tiny_target
 
+
 def _samples(n: int) -> list[Sample]:
     g = torch.Generator().manual_seed(1)
     return [Sample(i, torch.randint(3, 300, (int(torch.randint(12, 40, (1,), generator=g)),), generator=g).tolist(), 5) for i in range(n)]

@@ -28,7 +28,8 @@ from specgate.serving.llm_request import LLMRequest  # noqa: E402
 
 SECRET = "s3cret"
 LLM = LLMRequest(max_tokens=8, stream=True)
-DECISION = Decision(route="speculative", reason="prod", shadow=False, algorithm="ngram", num_speculative_tokens=4, mode="prod", tenant="org")
+DECISION = Decision(route="speculative", reason="prod", shadow=False, algorithm="ngram", num_speculative_tokens=4, mode="prod",
+                    tenant="org")
 
 
 def _tokens(*ids: int) -> pb.InferenceResponse:
@@ -197,10 +198,13 @@ def test_a_gate_error_while_forwarding_stops_the_engine_request(engines: Engines
         ("spec_engine", pb.TritonError.INVALID_ARG, "input_ids must be token ids", EngineRefused, "spec_engine: input_ids"),
         ("target_engine", pb.TritonError.INVALID_ARG, "input_ids must be token ids", InvalidInput, "input_ids"),
         ("spec_engine", pb.TritonError.INTERNAL, "engine error: boom", EngineFailure, "spec_engine: engine error"),
-        ("target_engine", pb.TritonError.INTERNAL, "Stub process 'target_engine_0_0' is not healthy.", EngineFailure, "target_engine is not answering"),
+        ("target_engine", pb.TritonError.INTERNAL, "Stub process 'target_engine_0_0' is not healthy.", EngineFailure,
+         "target_engine is not answering"),
     ],
 )
-def test_refusals_failures_and_dead_engines_are_told_apart(engines: Engines, engine: str, code: int, message: str, raised: type, needle: str) -> None:
+def test_refusals_failures_and_dead_engines_are_told_apart(
+    engines: Engines, engine: str, code: int, message: str, raised: type, needle: str
+) -> None:
     """A refusal (INVALID_ARG) never counts against a breaker: the gate serves a refused speculative
     request on the baseline, and a refused baseline request is the client's error. A dead stub is
     worded as a failed ping is, which the front answers with 503."""
@@ -214,7 +218,8 @@ def test_refusals_failures_and_dead_engines_are_told_apart(engines: Engines, eng
 def test_a_ping_that_heard_nothing_is_sent_once_more() -> None:
     """A ping handed to a stub as it is killed is never answered: the second ping's verdict counts
     (a dead stub fails it; a live one that answers it is alive)."""
-    answers = iter([Silent("target_engine: no response for 10 s"), EngineFailure("target_engine is not answering: Stub process is not healthy")])
+    answers = iter([Silent("target_engine: no response for 10 s"),
+                    EngineFailure("target_engine is not answering: Stub process is not healthy")])
 
     def ping() -> None:
         raise next(answers)

@@ -49,7 +49,8 @@ def test_field_in_both_places_is_rejected():
         ChatCompletionRequest.model_validate({**CHAT, "max_tokens": 4, "extra_body": {"max_tokens": 8}})
 
 
-@pytest.mark.parametrize("field, value", [("max_tokens", "8"), ("temperature", "0.5"), ("stream", 1), ("seed", 1.5), ("n", 2), ("logprobs", True)])
+@pytest.mark.parametrize("field, value",
+                         [("max_tokens", "8"), ("temperature", "0.5"), ("stream", 1), ("seed", 1.5), ("n", 2), ("logprobs", True)])
 def test_wrong_types_and_unsupported_fields(field, value):
     with pytest.raises(ValidationError):
         ChatCompletionRequest.model_validate({**CHAT, field: value})
@@ -159,7 +160,8 @@ def test_unknown_route_is_openai_shaped(client):
     _assert_openai_error(client.get("/v1/embeddings"), 404, "Not Found")
 
 
-@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "llm", "prompt": "Hi", "stream": True})])
+@pytest.mark.parametrize("path, body",
+                         [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "llm", "prompt": "Hi", "stream": True})])
 def test_triton_unreachable_is_502(client, path, body):
     """502, which HAProxy retries on another replica (issue 49: it no longer retries 503, overload)."""
     r = client.post(path, json=body)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from specgate.gate import Gate
 from specgate.gate.admission import Overloaded
 from specgate.gate.metrics import InMemoryMetricFactory
-from specgate.gate import Gate
 
 
 def _gate(tmp_path: Path, max_concurrent: int = 2, max_queued: int = 2, timeout_s: float = 5.0) -> tuple[Gate, InMemoryMetricFactory]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from specgate.gate import REASONS, Gate, RequestInputs, Route
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import DECISION_LATENCY_BUCKETS, GateMetrics, InMemoryFamily, InMemoryMetricFactory
-from specgate.gate import REASONS, Gate, RequestInputs, Route
 from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
@@ -63,7 +63,8 @@ def test_speculative_stats_exact_counts(pb: InMemoryMetricFactory, fams: dict[st
 def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemoryMetricFactory, fams: dict[str, InMemoryFamily]) -> None:
     path = tmp_path / "p.yaml"
     (tmp_path / "keys.yaml").write_text(f"team: [{hash_key('secret-key')}]\n")
-    path.write_text("mode: prod\nkey_file: keys.yaml\nallow_override: true\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\nspeculative: {num_speculative_tokens: 4}\n")
+    path.write_text("mode: prod\nkey_file: keys.yaml\nallow_override: true\nbreaker: {failure_threshold: 2}\nload: {max_in_flight: null}\n"
+                    "speculative: {num_speculative_tokens: 4}\n")
     gate = Gate(str(path), metric_factory=pb, label_secret=b"s")
     label = TenantLabels(b"s")("team")
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from specgate.cost_model.calibration import Calibration
-from specgate.gate.breaker import BreakerState
 from specgate.cost_model.goodput import CostCurve
+from specgate.gate import REASONS, Decision, Gate, RequestInputs, Route
+from specgate.gate.breaker import BreakerState
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import InMemoryMetricFactory
-from specgate.gate.tenants import hash_key
 from specgate.gate.policy import Mode, PolicyError
-from specgate.gate import REASONS, Decision, Gate, RequestInputs, Route
+from specgate.gate.tenants import hash_key
 from specgate.stats import SpecStats
 
 KEY_A, KEY_B = "key-a", "key-b"
@@ -44,7 +44,9 @@ class Clock:
         return self.t
 
 
-def make_gate(tmp_path: Path, text: str = POLICY, clock: Clock | None = None, secret: bytes = SECRET, calibration: Calibration | None = None) -> Gate:
+def make_gate(
+    tmp_path: Path, text: str = POLICY, clock: Clock | None = None, secret: bytes = SECRET, calibration: Calibration | None = None
+) -> Gate:
     (tmp_path / "keys.yaml").write_text(KEYS)
     path = tmp_path / "policy.yaml"
     path.write_text(text)
@@ -288,8 +290,8 @@ def test_load_gate_is_atomic_across_threads(gate: Gate) -> None:
 
 def test_adapter_types_fit_the_protocols(gate: Gate) -> None:
     # The adapter passes its LLMRequest and the engines' SpecStats straight in (duck-typed).
-    from specgate.stats import SpecStats as EngineStats
     from specgate.serving.llm_request import LLMRequest
+    from specgate.stats import SpecStats as EngineStats
 
     d = gate.decide(LLMRequest(spec_header="prod", api_key=KEY_B, request_id="r1", temperature=0.3))
     assert (d.route, d.reason, d.tenant) == ("speculative", "prod", TenantLabels(SECRET)("team-b"))
@@ -324,7 +326,8 @@ def test_auto_picks_the_algorithm_the_calibration_expects_fastest(tmp_path: Path
 
 def test_an_algorithm_that_cannot_pay_is_not_routed_unless_asked_for(tmp_path: Path) -> None:
     linear = {t: float(t) for t in (1, 2, 4, 8, 16, 32)}
-    g = make_gate(tmp_path, "mode: prod\nallow_override: true\nload: {max_in_flight: null}\n", calibration=_calibration(linear, {"ngram": 0.05}))
+    g = make_gate(tmp_path, "mode: prod\nallow_override: true\nload: {max_in_flight: null}\n",
+                  calibration=_calibration(linear, {"ngram": 0.05}))
     assert decide(g) == ("baseline", "no_gain", False)
     assert decide(g, spec_header="prod")[:2] == ("speculative", "prod")  # opted in: the engine drafts what pays (nothing)
 
@@ -345,7 +348,8 @@ def test_nothing_goes_to_a_spec_engine_that_is_measuring(tmp_path: Path) -> None
     Calibration.withdraw(published)  # the engine restarted
     clock.t += 1.0  # a published calibration is looked at once per reload interval
     assert decide(g)[:2] == ("baseline", "calibrating")
-    assert Gate(str(tmp_path / "policy.yaml"), now=clock, label_secret=SECRET).decide(RequestInputs()).reason == "prod"  # no path: policy alone
+    # no path: policy alone
+    assert Gate(str(tmp_path / "policy.yaml"), now=clock, label_secret=SECRET).decide(RequestInputs()).reason == "prod"
 
 
 def test_a_tenant_the_curve_expects_no_gain_for_is_probed_before_it_is_routed(tmp_path: Path) -> None:
@@ -355,7 +359,8 @@ def test_a_tenant_the_curve_expects_no_gain_for_is_probed_before_it_is_routed(tm
     cal = _calibration(STEEP, {"ngram": 0.05})
     assert cal.algorithms["ngram"].break_even_alpha is not None  # it can pay, at some acceptance
     g = make_gate(tmp_path, policy, calibration=cal)
-    assert [decide(g)[:2] for _ in range(3)] == [("speculative", "half_open_probe"), ("baseline", "no_gain"), ("speculative", "half_open_probe")]
+    assert [decide(g)[:2] for _ in range(3)] == [("speculative", "half_open_probe"), ("baseline", "no_gain"),
+                                                 ("speculative", "half_open_probe")]
     assert decide(g, spec_header="prod")[:2] == ("speculative", "prod")  # opted in: not judged
     for _ in range(2):  # the probes show high acceptance and a real gain: the tenant is routed from now on
         d = g.decide(RequestInputs(spec_header="prod"))
@@ -398,7 +403,8 @@ def test_a_tenant_whose_acceptance_buys_less_than_min_gain_goes_speculative_only
     from specgate.cost_model.goodput import alpha_of_rate
 
     cal = _calibration(MILD, {"ngram": 0.05})
-    policy = "mode: prod\nallow_override: true\nbreaker: {min_samples: 2, ema_weight: 1.0, min_gain: 1.2, probe_fraction: 0.25}\nload: {max_in_flight: null}\n"
+    policy = ("mode: prod\nallow_override: true\nbreaker: {min_samples: 2, ema_weight: 1.0, min_gain: 1.2, probe_fraction: 0.25}\n"
+              "load: {max_in_flight: null}\n")
     g = make_gate(tmp_path, policy, calibration=cal)
     depth = ALGORITHMS["ngram"].default_depth
     be = cal.break_even_rate("ngram")

@@ -220,7 +220,9 @@ def _engine(chunks: list[list[int]], pause_s: float = 0.0, stopped: threading.Ev
     return run
 
 
-def test_the_gate_answers_the_client_with_text_and_every_output(make_gate: Callable[..., GateModel], handler: dict, tok: PromptTokenizer) -> None:
+def test_the_gate_answers_the_client_with_text_and_every_output(
+    make_gate: Callable[..., GateModel], handler: dict, tok: PromptTokenizer
+) -> None:
     text = "Crème brûlée 🍮 is a dessert."
     ids = tok.encode(text)
     split = next(i for i in range(1, len(ids)) if "\ufffd" in tok.decode(ids[:i]))  # a cut inside a character

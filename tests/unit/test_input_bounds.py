@@ -7,7 +7,6 @@ preprocessing's bounds: test_front.py, test_tokenizer.py and tests/integration/t
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 import pytest

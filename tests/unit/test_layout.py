@@ -86,7 +86,8 @@ def test_the_packages_beside_the_server_import_only_downward() -> None:
     upward = {}
     for name, path in modules.items():
         own = _outside_layer(name)
-        bad = sorted(n for n in _imports(path) if (layer := _outside_layer(n)) is not None and layer >= own and n.split(".")[0] != name.split(".")[0])
+        bad = sorted(n for n in _imports(path)
+                     if (layer := _outside_layer(n)) is not None and layer >= own and n.split(".")[0] != name.split(".")[0])
         if bad:
             upward[name] = bad
     assert not upward

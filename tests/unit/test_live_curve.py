@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specgate.cost_model.measure import measure
-from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.cost_model.goodput import CostCurve
 from specgate.cost_model.live import LiveCurve
+from specgate.cost_model.measure import measure
+from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.speculative import SpeculativeGenerator
 from specgate.speculative.ngram import NgramDrafter
 

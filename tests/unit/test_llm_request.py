@@ -2,8 +2,8 @@
 
 import pytest
 
-from specgate.serving.llm_request import parse_llm_request
 from specgate.errors import InvalidInput
+from specgate.serving.llm_request import parse_llm_request
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,8 @@ def test_a_process_ends_when_its_parent_is_killed() -> None:
 
 def test_the_watcher_ends_with_its_process() -> None:
     """A stub that ends normally (its model unloaded) leaves no watcher behind."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD.replace("while True:\n    sum(range(10**10))", "")], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD.replace("while True:\n    sum(range(10**10))", "")], stdout=subprocess.PIPE,
+                             text=True)
     assert child.stdout.readline().strip() == "watching"
     child.wait(timeout=60)
     out = subprocess.run(["pgrep", "-f", f"specgate-parent-watch {child.pid} "], capture_output=True, text=True).stdout

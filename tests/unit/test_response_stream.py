@@ -10,8 +10,8 @@ from tests.unit import fake_pb_utils as pb
 
 pb.install()
 
-from specgate.decoding.request import Event  # noqa: E402
 from specgate.cost_model.stream_pacer import StreamPacer  # noqa: E402
+from specgate.decoding.request import Event  # noqa: E402
 from specgate.serving.engine_model import ResponseStream  # noqa: E402
 from specgate.stats import SpecStats  # noqa: E402
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from specgate.cost_model.calibration import Calibration
-from specgate.decoding.config import EngineConfig
-from specgate.machine import machine
-from specgate.decoding.model import Llama, load_llama
-from specgate.decoding.request import Event, GenerationRequest
-from specgate.decoding.plain import greedy_decode
-from specgate.decoding.torch_target import TorchTarget
 from specgate.cost_model.goodput import CostCurve
-from specgate.speculative.ngram import NgramDrafter
+from specgate.decoding.config import EngineConfig
+from specgate.decoding.model import Llama, load_llama
+from specgate.decoding.plain import greedy_decode
+from specgate.decoding.request import Event, GenerationRequest
+from specgate.decoding.torch_target import TorchTarget
+from specgate.machine import machine
 from specgate.speculative import spec_runner
+from specgate.speculative.ngram import NgramDrafter
 from specgate.speculative.spec_runner import SpeculativeRunner
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -166,7 +166,8 @@ SLOW = CostCurve(tokens=[1, 2, 4], ms=[1000.0, 2000.0, 4000.0])  # far slower th
 
 def _slow_calibration() -> Calibration:
     """A measured calibration with the SLOW curve: every request's decodes contradict it."""
-    return Calibration.build(SLOW, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1, measured_at="then")
+    return Calibration.build(SLOW, {"ngram": 0.0}, set(), machine=machine(), backend="torch", dtype="float32", threads=1,
+                             measured_at="then")
 
 
 def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, model: Llama, prompts: list[list[int]]) -> None:
@@ -174,7 +175,8 @@ def test_served_decodes_republish_a_calibration_that_was_off(checkpoint: Path, m
     decodes taught it (the gauge and the gate read what it publishes), keeping when it was measured."""
     published: list[Calibration] = []
     cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
-    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append, calibrated=False)
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append,
+                          calibrated=False)
     try:
         r.calibration = _slow_calibration()
         r.generator.set_curve(SLOW)
@@ -196,7 +198,8 @@ def test_a_curve_that_keeps_moving_is_republished_at_most_once_per_interval(
     republishes the first refinement at once and the next ones at most every REPUBLISH_MIN_INTERVAL_S."""
     published: list[Calibration] = []
     cfg = EngineConfig(backend="torch", model=checkpoint, dtype="float32", max_context=MAX_CONTEXT, max_batch_size=1)
-    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append, calibrated=False)
+    r = SpeculativeRunner(TorchTarget(model, MAX_CONTEXT, 1), {"ngram": NgramDrafter()}, cfg, on_calibration=published.append,
+                          calibrated=False)
     r.generator.set_curve(SLOW)
 
     def request_against_a_curve_far_off(prompt: list[int]) -> None:

@@ -70,7 +70,8 @@ def test_the_preprocessing_and_gate_stubs_start_without_torch() -> None:
     code = "import sys; import specgate.serving.preprocessing_model, specgate.serving.gate_model; print('torch' in sys.modules)"
     path = ":".join(str(p) for p in (ROOT / "tests" / "unit", ROOT / "python_backend", ROOT))
     fake = "import sys, fake_pb_utils; sys.modules['triton_python_backend_utils'] = fake_pb_utils"
-    out = subprocess.run([sys.executable, "-c", f"{fake}; {code}"], cwd=ROOT, env={"PYTHONPATH": path}, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", f"{fake}; {code}"], cwd=ROOT, env={"PYTHONPATH": path}, capture_output=True, text=True,
+                         check=True)
     assert out.stdout.strip() == "False"
 
 

@@ -28,7 +28,8 @@ def test_dry_run_prints_every_command_and_config(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = r.stdout
     eng = tmp_path / "trtllm" / "smollm2-eagle"
-    assert f"python3 /tllm/examples/models/core/llama/convert_checkpoint.py --model_dir {ROOT}/artifacts/checkpoints/smollm2-135m-instruct" in out
+    assert (f"python3 /tllm/examples/models/core/llama/convert_checkpoint.py "
+            f"--model_dir {ROOT}/artifacts/checkpoints/smollm2-135m-instruct") in out
     assert f"trtllm-build --checkpoint_dir {eng}/checkpoints/target --output_dir {eng}/engines/target" in out
     assert f"-m build.trtllm.eagle_export --head {ROOT}/heads/smollm2-135m-eagle" in out
     assert f"python3 /tllm/examples/eagle/convert_checkpoint.py --model_dir {ROOT}/artifacts/checkpoints/smollm2-135m-instruct " \

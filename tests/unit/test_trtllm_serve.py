@@ -32,7 +32,8 @@ def test_server_command_matches_the_multi_model_launch() -> None:
     assert env["TRTLLM_ORCHESTRATOR"] == "1" and env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] == "1"
     assert env["SPECGATE_PYTHONPATH"].split(os.pathsep)[0] == "/src/python_backend"
     assert sysconfig.get_paths()["purelib"] in env["SPECGATE_PYTHONPATH"].split(os.pathsep)
-    assert env["SPECGATE_ENGINE_KEY_FILE"] == "/src/artifacts/secrets/engine.key" and env["SPECGATE_LABEL_KEY_FILE"] == "/src/artifacts/secrets/label.key"
+    assert (env["SPECGATE_ENGINE_KEY_FILE"] == "/src/artifacts/secrets/engine.key"
+            and env["SPECGATE_LABEL_KEY_FILE"] == "/src/artifacts/secrets/label.key")
 
 
 def test_the_gpu_pods_server_has_its_keys_and_the_admin_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,8 +60,10 @@ def test_the_gpu_init_container_builds_per_gpu_model_into_the_cache(tmp_path: Pa
     calls = []
     monkeypatch.setattr(pod, "gpu_model", lambda: "NVIDIA_A10G")
     monkeypatch.setattr(pod.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
-    pod.main(["--engine", "trtllm", "--build-only", "--engine-cache", str(tmp_path / "engines"), "--model-repository", str(tmp_path / "served" / "model_repository")])
+    pod.main(["--engine", "trtllm", "--build-only", "--engine-cache", str(tmp_path / "engines"),
+              "--model-repository", str(tmp_path / "served" / "model_repository")])
     cmd = calls[0]
-    assert cmd[cmd.index("--artifacts") + 1] == str(tmp_path / "engines" / "NVIDIA_A10G") and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "served")
+    assert (cmd[cmd.index("--artifacts") + 1] == str(tmp_path / "engines" / "NVIDIA_A10G")
+            and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "served"))
     with pytest.raises(SystemExit, match="model_repository"):
         pod.main(["--engine", "trtllm", "--build-only", "--engine-cache", str(tmp_path), "--model-repository", str(tmp_path / "repo")])

@@ -30,7 +30,8 @@ def built(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     draft = tmp / "tiny-chat-draft.gguf"
     make_draft_gguf(model, draft, 1)
     subprocess.run(
-        [sys.executable, "-m", "build.build_engines", "--model", str(model), "--draft", str(draft), "--out-dir", str(tmp / "out"), "--max-context", "512"],
+        [sys.executable, "-m", "build.build_engines", "--model", str(model), "--draft", str(draft), "--out-dir", str(tmp / "out"),
+         "--max-context", "512"],
         cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
     )
     return tmp / "out"

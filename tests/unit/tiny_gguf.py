@@ -22,7 +22,8 @@ def write_tiny_gguf(shipped: Path, out: Path, seed: int = 0) -> Path:
     for field in reader.fields.values():
         if field.name.startswith("tokenizer."):
             vtype = field.types[0]
-            writer.add_key_value(field.name, field.contents(), vtype, sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+            writer.add_key_value(field.name, field.contents(), vtype,
+                                 sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
     writer.add_name("tiny-random")
     writer.add_block_count(LAYERS)
     writer.add_context_length(2048)

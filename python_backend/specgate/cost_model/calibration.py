@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from specgate.algorithms import ALGORITHMS
-from specgate.machine import Machine
 from specgate.cost_model.goodput import CostCurve, DraftCost, break_even_alpha, expected_speedup, rate_of_alpha
+from specgate.machine import Machine
 
 
 class AlgorithmCalibration(BaseModel):

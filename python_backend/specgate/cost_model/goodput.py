@@ -144,8 +144,10 @@ class Acceptance:
     def merge(self, other: "Acceptance", decay: float) -> None:
         """Fold a finished request's counts into an engine-wide one (older counts decay)."""
         n = max(len(self.tries), len(other.tries))
-        self.hits = [decay * (self.hits[i] if i < len(self.hits) else 0.0) + (other.hits[i] if i < len(other.hits) else 0.0) for i in range(n)]
-        self.tries = [decay * (self.tries[i] if i < len(self.tries) else 0.0) + (other.tries[i] if i < len(other.tries) else 0.0) for i in range(n)]
+        self.hits = [decay * (self.hits[i] if i < len(self.hits) else 0.0) + (other.hits[i] if i < len(other.hits) else 0.0)
+                     for i in range(n)]
+        self.tries = [decay * (self.tries[i] if i < len(self.tries) else 0.0) + (other.tries[i] if i < len(other.tries) else 0.0)
+                      for i in range(n)]
 
 
 @dataclass
@@ -170,7 +172,9 @@ class DraftCost:
 Depth = Callable[[int], int]  # nodes -> the deepest position they reach (specgate.algorithms.Algorithm.depth)
 
 
-def choose_budget(curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, depth: Depth, rng: random.Random | None = None) -> int:
+def choose_budget(
+    curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, depth: Depth, rng: random.Random | None = None
+) -> int:
     """The budget in [0, max_budget] with the highest expected goodput.
 
     With `rng`, at one draw of the acceptance from its posterior (Thompson sampling) instead of its

@@ -61,7 +61,8 @@ class RequestLedger:
             positions = range(max(self.k, 1))
             self._acceptance[context] = Acceptance(
                 prior=[engine.rate(i) for i in positions],
-                weight=[min(PRIOR_WEIGHT + (engine.tries[i] if i < len(engine.tries) else 0.0), MAX_REQUEST_PRIOR_WEIGHT) for i in positions],
+                weight=[min(PRIOR_WEIGHT + (engine.tries[i] if i < len(engine.tries) else 0.0), MAX_REQUEST_PRIOR_WEIGHT)
+                        for i in positions],
             )
         return self._acceptance[context]
 
@@ -72,7 +73,8 @@ class RequestLedger:
         if curve is None:
             return self.k
         return choose_budget(
-            curve, self.acceptance(context), self.engine.draft_cost[self.algorithm], self.k, ALGORITHMS[self.algorithm].depth, self.engine._explore
+            curve, self.acceptance(context), self.engine.draft_cost[self.algorithm], self.k, ALGORITHMS[self.algorithm].depth,
+            self.engine._explore,
         )
 
     def step(self, context: int, nodes: int, depth: int, accepted: int, drafting_ms: float, verify_ms: float) -> float | None:

@@ -26,11 +26,11 @@ from torch import Tensor
 from specgate.algorithms import ALGORITHMS
 from specgate.cost_model.calibration import Calibration
 from specgate.cost_model.goodput import CostCurve
+from specgate.cost_model.quiet import MAX_OTHERS, Overlap
 from specgate.decoding.config import CalibrationOverride
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
-from specgate.cost_model.quiet import MAX_OTHERS, Overlap
 from specgate.machine import machine, wait_until_idle
 
 log = logging.getLogger(__name__)

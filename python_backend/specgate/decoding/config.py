@@ -54,9 +54,12 @@ class EngineConfig(BaseModel):
     # may decode on; what that costs depends on the machine, so by default the engine measures it and
     # streams as finely as the budget allows (cost_model/stream_pacer.py, docs/engines.md, "Streaming")
     stream_interval_ms: float | None = Field(
-        None, ge=0, description="a fixed interval: streamed responses at most this often (0 = one per step); unset = measured, within stream_cost_budget"
+        None, ge=0, description="a fixed interval: streamed responses at most this often (0 = one per step); unset = measured, "
+                                "within stream_cost_budget"
     )
-    stream_cost_budget: float = Field(0.05, gt=0, lt=1, description="the share of decode time streamed responses may cost (a measured interval)")
+    stream_cost_budget: float = Field(
+        0.05, gt=0, lt=1, description="the share of decode time streamed responses may cost (a measured interval)"
+    )
     # spec_engine only: which drafters to load (n-gram needs no weights). The default algorithm lives
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")

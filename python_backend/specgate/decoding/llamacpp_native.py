@@ -138,7 +138,8 @@ class Native:
             data = self._base.gguf_get_data_offset(ctx)
             found = {name: self._base.gguf_find_tensor(ctx, name.encode()) for name in names}
             return {
-                name: GgufTensor(self._base.gguf_get_tensor_type(ctx, i), data + self._base.gguf_get_tensor_offset(ctx, i), self._base.gguf_get_tensor_size(ctx, i))
+                name: GgufTensor(self._base.gguf_get_tensor_type(ctx, i), data + self._base.gguf_get_tensor_offset(ctx, i),
+                                 self._base.gguf_get_tensor_size(ctx, i))
                 for name, i in found.items()
                 if i >= 0
             }

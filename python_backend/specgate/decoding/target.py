@@ -6,8 +6,8 @@ Two implementations speak this interface:
 
 The batching runner calls `forward` (each sequence's next token, or a prompt chunk); the speculative
 generator calls `prefill`, `verify` (root + a draft tree in one pass) and `commit` (keep the accepted
-path); a draft model runs as a second target through `extend` and `truncate`. Rows come back as float32 torch tensors on the CPU, so sampling and verification are the
-same code for both.
+path); a draft model runs as a second target through `extend` and `truncate`. Rows come back as
+float32 torch tensors on the CPU, so sampling and verification are the same code for both.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ metrics - Prometheus families through Triton's pb_utils.MetricFamily (injected)
 """
 
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
+from specgate.gate.decision import REASONS, Decision, GateRequest, GateStats, RequestInputs, Route, RouteResult
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import Mode, Policy, PolicyError, PolicyStore, load_policy, parse_policy
-from specgate.gate.decision import REASONS, Decision, GateRequest, GateStats, RequestInputs, Route, RouteResult
 from specgate.gate.router import Gate
 
 __all__ = [

@@ -1,7 +1,8 @@
 """The gate's Prometheus metrics, exported through Triton's `pb_utils.MetricFamily`.
 
 The metric-family factory is injected: the adapter passes `triton_python_backend_utils` itself, tests
-and bench/gate_decision.py pass `InMemoryMetricFactory` (below), which has the same shape (`factory.MetricFamily(name=, description=, kind=)`, the kinds as
+and bench/gate_decision.py pass `InMemoryMetricFactory` (below), which has the same shape
+(`factory.MetricFamily(name=, description=, kind=)`, the kinds as
 `MetricFamily.COUNTER|GAUGE|HISTOGRAM`, `family.Metric(labels=..., buckets=...)`, and
 `.increment(v)` / `.set(v)` / `.observe(v)`). Metric objects are cached per label set.
 
@@ -96,7 +97,8 @@ class GateMetrics:
         # worker threads; they are serialized (a stub crashed with heap corruption without this).
         self._lock = threading.RLock()
         with self._lock:
-            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS, IN_FLIGHT, QUEUED, CANCELLED, SHADOW_IN_FLIGHT):
+            for name in (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, SHADOW_MISMATCH, SHADOW_COMPARISONS,
+                         IN_FLIGHT, QUEUED, CANCELLED, SHADOW_IN_FLIGHT):
                 self._get(name)
             self._get(DECISION_LATENCY, (), DECISION_LATENCY_BUCKETS)
             for engine in Route:  # the `engine` label of spec_gate_engine_failures_total

@@ -74,8 +74,10 @@ def speculation(
     if algorithm not in SPEC_ALGORITHMS:
         raise PolicyError(f"speculative_algorithm: invalid value {algorithm[:32]!r}; allowed: {', '.join(SPEC_ALGORITHMS)}")
     if cal is not None and algorithm not in cal.algorithms:
-        why = "it needs an EAGLE head trained for the served model" if ALGORITHMS[algorithm].needs_eagle_head else "no draft model is configured"
-        raise PolicyError(f"speculative_algorithm {algorithm} is not available on this server ({why}); available: {', '.join(cal.algorithms)}")
+        why = ("it needs an EAGLE head trained for the served model" if ALGORITHMS[algorithm].needs_eagle_head
+               else "no draft model is configured")
+        raise PolicyError(f"speculative_algorithm {algorithm} is not available on this server ({why}); "
+                          f"available: {', '.join(cal.algorithms)}")
     k = inputs.num_speculative_tokens
     if k is None:
         k = setting(tenant, "num_speculative_tokens", policy.speculative.num_speculative_tokens)

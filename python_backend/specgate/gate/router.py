@@ -46,11 +46,11 @@ asks for `prod` itself has opted in (spec_engine then still drafts only what pay
 The algorithm is the request's, the tenant's or the policy's; `auto` (the shipped default) is the one
 spec_engine's calibration expects fastest at the tenant's acceptance (cost_model/route.py). With a
 calibration the gate refuses algorithms the engine does not have, and `auto` breaker thresholds are
-the acceptance below which the decision's algorithm stops paying on this machine. A malformed `x-speculative-decoding` raises `PolicyError` (policy
-`malformed_header: reject`, the default) or is ignored (`ignore`), whether or not the tenant may
-override. An unknown or missing `x-api-key` gets the org settings and shares the org breaker, label
-`org` (`unknown_tenant: org_default`, the default) or raises `PolicyError` (`reject`). A key is
-never logged, exported or echoed in an error.
+the acceptance below which the decision's algorithm stops paying on this machine. A malformed
+`x-speculative-decoding` raises `PolicyError` (policy `malformed_header: reject`, the default) or is
+ignored (`ignore`), whether or not the tenant may override. An unknown or missing `x-api-key` gets
+the org settings and shares the org breaker, label `org` (`unknown_tenant: org_default`, the
+default) or raises `PolicyError` (`reject`). A key is never logged, exported or echoed in an error.
 """
 
 from __future__ import annotations
@@ -69,15 +69,31 @@ from specgate.cost_model.route import CalibrationStore, breaker_thresholds, can_
 from specgate.gate.admission import AdmissionQueue
 from specgate.gate.breaker import Admission, BreakerState, CircuitBreakers
 from specgate.gate.decision import (
-    CALIBRATING, CANARY_IN, CANARY_OUT, CIRCUIT_OPEN, GAIN_PROBE, HALF_OPEN_PROBE, LOAD, MODE_OFF, NO_GAIN, PROD, ROUTE_OF, SHADOW, SHADOW_BUSY, TEMPERATURE,
-    Decision, GateRequest, GateStats, Route, RouteResult,
+    CALIBRATING,
+    CANARY_IN,
+    CANARY_OUT,
+    CIRCUIT_OPEN,
+    GAIN_PROBE,
+    HALF_OPEN_PROBE,
+    LOAD,
+    MODE_OFF,
+    NO_GAIN,
+    PROD,
+    ROUTE_OF,
+    SHADOW,
+    SHADOW_BUSY,
+    TEMPERATURE,
+    Decision,
+    GateRequest,
+    GateStats,
+    Route,
+    RouteResult,
 )
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import FALLBACK_CLOSE, FALLBACK_OPEN, BreakerPolicy, Loaded, Mode, Policy, PolicyStore, TenantPolicy
 from specgate.gate.request_rules import in_canary, requested_mode, setting, speculation, tenant_of
 from specgate.gate.tenants import ORG
-
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +169,8 @@ class Gate:
         label = self._label(tenant_key)
         requested = requested_mode(inputs, policy)
         cal = self._calibration.current()
-        algorithm, k = speculation(inputs, tenant, policy, cal, lambda: self._acceptance(tenant_key, policy))  # the last check that may reject it
+        # the last check that may reject it
+        algorithm, k = speculation(inputs, tenant, policy, cal, lambda: self._acceptance(tenant_key, policy))
         if requested is not None and not setting(tenant, "allow_override", policy.allow_override):
             self._metrics.override_ignored(label)
             requested = None

@@ -27,8 +27,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specgate.contract import (
-    ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ALGORITHM, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS,
-    PARAM_PING, PARAM_REQUEST_KEY, engine_inputs,
+    ENGINE_EXTENSIONS,
+    ENGINE_OUTPUTS,
+    PARAM_ALGORITHM,
+    PARAM_CANCEL,
+    PARAM_CONTINUED,
+    PARAM_HAND_OVER,
+    PARAM_NUM_SPEC_TOKENS,
+    PARAM_PING,
+    PARAM_REQUEST_KEY,
+    engine_inputs,
 )
 from specgate.errors import InvalidInput
 from specgate.gate import Decision
@@ -234,8 +242,8 @@ class EngineClient:
             self._handing_over.release()
 
     def _request(
-        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool, key: str | None,
-        already: int,
+        self, engine: str, llm: LLMRequest, d: Decision, ids: list[int], stops: np.ndarray | None, max_tokens: int, stream: bool,
+        key: str | None, already: int,
     ) -> Any:
         arrays = engine_inputs(
             ids, max_tokens, self.end_id, temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p,

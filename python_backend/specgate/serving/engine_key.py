@@ -34,7 +34,8 @@ class EngineKey:
         make the models refuse one another."""
         path = os.environ.get(ENGINE_KEY_ENV)
         if not path:
-            raise RuntimeError(f"{ENGINE_KEY_ENV} is not set: start tritonserver with specgate_launcher (make serve), which creates the engine key")
+            raise RuntimeError(f"{ENGINE_KEY_ENV} is not set: start tritonserver with specgate_launcher (make serve), "
+                               "which creates the engine key")
         return cls(read_secret(Path(path)))
 
     def stamp(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,12 @@ import threading
 from typing import Any
 
 from specgate.contract import (
-    ENGINE_ACTIVE_METRIC, ENGINE_CANCELLED_METRIC, ENGINE_KV_METRIC, ENGINE_RESPONSE_COST_METRIC, ENGINE_STREAM_INTERVAL_METRIC, ENGINE_TOKENS_METRIC,
+    ENGINE_ACTIVE_METRIC,
+    ENGINE_CANCELLED_METRIC,
+    ENGINE_KV_METRIC,
+    ENGINE_RESPONSE_COST_METRIC,
+    ENGINE_STREAM_INTERVAL_METRIC,
+    ENGINE_TOKENS_METRIC,
 )
 from specgate.cost_model.stream_pacer import Pace
 
@@ -31,9 +36,11 @@ class EngineMetrics:
         self._kv = metric(ENGINE_KV_METRIC, "Tokens held in the engine's KV cache when its latest request ended", mf.GAUGE)
         self._tokens = metric(ENGINE_TOKENS_METRIC, "Tokens the engine generated", mf.COUNTER)
         self._cancelled = metric(ENGINE_CANCELLED_METRIC, "Requests the engine stopped because they were cancelled", mf.COUNTER)
-        self._interval = metric(ENGINE_STREAM_INTERVAL_METRIC, "How often the engine sends a streamed response at most, with one stream open (N streams: N times that, within 0.1 s)", mf.GAUGE)
+        self._interval = metric(ENGINE_STREAM_INTERVAL_METRIC, "How often the engine sends a streamed response at most, "
+                                "with one stream open (N streams: N times that, within 0.1 s)", mf.GAUGE)
         # its sample appears with the first measurement: a gauge never set would read 0, "free"
-        self._cost_family = mf(name=ENGINE_RESPONSE_COST_METRIC, description="Decode time one streamed response was measured to cost", kind=mf.GAUGE)
+        self._cost_family = mf(name=ENGINE_RESPONSE_COST_METRIC, description="Decode time one streamed response was measured to cost",
+                               kind=mf.GAUGE)
         self._families.append(self._cost_family)
         self._response_cost: Any = None
         self._model = model

@@ -17,34 +17,46 @@ from dataclasses import astuple
 from typing import Any, Callable
 
 import numpy as np
+import triton_python_backend_utils as pb_utils
 from pydantic import BaseModel
 
 from specgate.algorithms import ALGORITHMS
 from specgate.contract import (
-    PARAM_ALGORITHM, PARAM_CALIBRATE, PARAM_CANCEL, PARAM_CONTINUED, PARAM_HAND_OVER, PARAM_NUM_SPEC_TOKENS, PARAM_PING, PARAM_REQUEST_KEY,
+    PARAM_ALGORITHM,
+    PARAM_CALIBRATE,
+    PARAM_CANCEL,
+    PARAM_CONTINUED,
+    PARAM_HAND_OVER,
+    PARAM_NUM_SPEC_TOKENS,
+    PARAM_PING,
+    PARAM_REQUEST_KEY,
     VERIFY_COST_METRIC,
 )
-from specgate.decoding.config import EngineConfig
+from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.stream_pacer import StreamPacer
+from specgate.decoding.config import CalibrationOverride, EngineConfig
 from specgate.decoding.loading import load_target
-from specgate.machine import machine
 from specgate.decoding.request import Event, GenerationRequest
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
-from specgate.cost_model.calibration import Calibration
-from specgate.cost_model.stream_pacer import StreamPacer
-from specgate.decoding.config import CalibrationOverride
+from specgate.errors import InvalidInput
+from specgate.machine import machine
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
 from specgate.serving.parent_watch import watch_parent
-from specgate.stats import SpecStats
 from specgate.serving.triton_io import (
-    FINAL, RequestedOutputsSender, error_response, model_parameters, optional_array, optional_scalar, request_parameters, tensor,
+    FINAL,
+    RequestedOutputsSender,
+    error_response,
+    model_parameters,
+    optional_array,
+    optional_scalar,
+    request_parameters,
+    tensor,
 )
-from specgate.errors import InvalidInput
+from specgate.stats import SpecStats
 from specgate.text.stop_words import parse_stop_words_list
-
-import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +257,8 @@ class EngineModel:
         self.metrics.streaming(self.pacer.pace)
         info = self.runner_target().info
         log.info(
-            "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads, self.cfg.max_batch_size
+            "%s ready on %s: %s %s, %d threads, batch %d", self.name, machine().line(), info.backend, info.dtype, info.threads,
+            self.cfg.max_batch_size,
         )
 
     def make_runner(self, cfg: EngineConfig) -> Any:
@@ -335,7 +348,8 @@ class SpeculativeEngineModel(EngineModel):
         tree_nodes = max(ALGORITHMS[name].max_k for name in ALGORITHMS)
         target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes, exact=cfg.exact)
         self.cost_gauge = pb_utils.MetricFamily(
-            name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified", kind=pb_utils.MetricFamily.GAUGE
+            name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified",
+            kind=pb_utils.MetricFamily.GAUGE,
         )
         if cfg.calibration_path is not None:  # the last run's: this engine measures first, the gate meanwhile routes around it
             Calibration.withdraw(cfg.calibration_path)

@@ -42,6 +42,7 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import triton_python_backend_utils as pb_utils
 from pydantic import BaseModel
 
 from specgate.contract import GATE_TICK
@@ -60,13 +61,17 @@ from specgate.serving.parent_watch import watch_parent
 from specgate.serving.request_context import RequestContext
 from specgate.serving.shadow import Shadow
 from specgate.serving.triton_io import (
-    FINAL, RequestedOutputsSender, error_response, model_parameters, optional_array, request_parameters, unavailable_response,
+    FINAL,
+    RequestedOutputsSender,
+    error_response,
+    model_parameters,
+    optional_array,
+    request_parameters,
+    unavailable_response,
 )
 from specgate.serving.watch import Watches, tick_response
 from specgate.stats import SpecStats
 from specgate.text.tokenizer import PromptTokenizer
-
-import triton_python_backend_utils as pb_utils
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +99,8 @@ class GateModel:
         p = model_parameters(args, GateParameters)
         self.max_output_len, self.max_input_len, self.vocab_size = p.max_output_len, p.max_input_len, p.vocab_size
         self.extensions = p.engine_extensions
-        self.gate = Gate(p.policy_path, metric_factory=pb_utils, label_secret=label_secret_from_env(), calibration_path=p.calibration_path or None)
+        self.gate = Gate(p.policy_path, metric_factory=pb_utils, label_secret=label_secret_from_env(),
+                         calibration_path=p.calibration_path or None)
         self.engines = EngineClient(p.end_id, self.extensions, lambda: self.gate.policy.speculative.stall_timeout_s, EngineKey.from_env())
         self.shadow = Shadow(self.gate, self.engines)
         self.decoder = PromptTokenizer(p.tokenizer_dir, 1, chat=False)  # it only decodes
@@ -284,7 +290,7 @@ class GateModel:
         out = ctx.out
         out.reroute(Route.BASELINE, reason, stats)
         self.engines.run(
-            Route.BASELINE.engine, ctx.llm, ctx.decision, ctx.continuation(), ctx.stops, lambda tokens, _: out.send(tokens, stats), ctx.cancelled,
-            already=len(out.ids),
+            Route.BASELINE.engine, ctx.llm, ctx.decision, ctx.continuation(), ctx.stops, lambda tokens, _: out.send(tokens, stats),
+            ctx.cancelled, already=len(out.ids),
         )
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
-
 import triton_python_backend_utils as pb_utils
+from pydantic import BaseModel
 
 from specgate.errors import InvalidInput
 from specgate.serving.parent_watch import watch_parent

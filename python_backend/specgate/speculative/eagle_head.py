@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specgate.decoding.model import Attn, DecoderLayer, KVCache, LlamaConfig, Rotary
@@ -200,7 +200,8 @@ def load_eagle_head(path: Path, embed: Tensor, lm_head: Tensor, dtype: torch.dty
     """The head in `path`, on the target tables `embed` / `lm_head` [V, D]."""
     cfg = EagleHeadConfig.model_validate(json.loads((path / CONFIG).read_text()))
     if (cfg.target_vocab_size, cfg.hidden_size) != tuple(embed.shape):
-        raise ValueError(f"head {path} was trained for another target (vocab x hidden {cfg.target_vocab_size} x {cfg.hidden_size}, target {tuple(embed.shape)})")
+        raise ValueError(f"head {path} was trained for another target "
+                         f"(vocab x hidden {cfg.target_vocab_size} x {cfg.hidden_size}, target {tuple(embed.shape)})")
     sd = load_file(str(path / WEIGHTS))
     head = EagleHead(cfg, embed, lm_head, sd["d2t"])
     missing, unexpected = head.load_state_dict(sd, strict=False)

@@ -22,14 +22,13 @@ import torch
 from torch import Tensor
 
 from specgate.algorithms import ALGORITHMS, check_k
-
+from specgate.cost_model.goodput import CostCurve, DraftCost
+from specgate.cost_model.ledger import EngineLedger, RequestLedger
+from specgate.cost_model.live import LiveCurve
 from specgate.decoding.request import hits_stop
 from specgate.decoding.sampling import SamplingParams, sample_token, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
-from specgate.cost_model.goodput import CostCurve, DraftCost
-from specgate.cost_model.ledger import EngineLedger, RequestLedger
-from specgate.cost_model.live import LiveCurve
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.verify import verify_greedy, verify_sampling
 from specgate.stats import SpecStats

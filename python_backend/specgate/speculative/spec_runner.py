@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specgate.decoding.config import EngineConfig
-from specgate.decoding.request import Event, GenerationRequest, check_prompt
-from specgate.decoding.batch_runner import QueueFull
-from specgate.decoding.target import Target
 from specgate.cost_model.calibration import Calibration
-from specgate.decoding.config import CalibrationOverride
 from specgate.cost_model.measure import calibrate
+from specgate.decoding.batch_runner import QueueFull
+from specgate.decoding.config import CalibrationOverride, EngineConfig
+from specgate.decoding.request import Event, GenerationRequest, check_prompt
+from specgate.decoding.target import Target
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.generator import SpecStream, SpeculativeGenerator
 
@@ -160,7 +159,8 @@ class SpeculativeRunner:
             self._end(job, Event([], finished=True))
             return
         r = job.req
-        stream = self.generator.start(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words, r.stop_tail())
+        stream = self.generator.start(r.input_ids, r.max_new_tokens, r.sampling, job.algorithm, job.k, r.end_id, r.stop_words,
+                                      r.stop_tail())
         try:
             final = self._stream(job, stream)
         finally:

@@ -75,7 +75,8 @@ class PromptTokenizer:
         """The chat template over `messages`, ending with the assistant's turn to speak."""
         if self.chat_template is None:
             raise InvalidInput("this model has no chat template: send apply_chat_template=false")
-        rendered, _ = _chat_renderer()(conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self.special)
+        rendered, _ = _chat_renderer()(conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True,
+                                       **self.special)
         return rendered[0]
 
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
@@ -97,7 +98,8 @@ class PromptTokenizer:
     def _check_bytes(self, text: str) -> None:
         size = len(text.encode())
         if size > self.max_input_bytes:
-            raise InvalidInput(f"prompt is {size} bytes, more than {self.max_input_len} tokens can hold; the limit is {self.max_input_len} tokens")
+            raise InvalidInput(f"prompt is {size} bytes, more than {self.max_input_len} tokens can hold; "
+                               f"the limit is {self.max_input_len} tokens")
 
     def stop_words_list(self, stops: list[str]) -> np.ndarray:
         """`stops` in TensorRT-LLM's stop_words_list layout."""
