@@ -43,6 +43,7 @@ class Port:
     """One stand-in listener: answers HEALTH with 200, anything else with `status`; counts the rest."""
 
     status: int = 200
+    health_delay_s: float = 0.0  # before it answers a health check
     hits: Counter = field(default_factory=Counter)
     server: ThreadingHTTPServer | None = None
 
@@ -53,6 +54,8 @@ class Port:
             def _answer(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 self.rfile.read(length)
+                if self.path in HEALTH:
+                    time.sleep(me.health_delay_s)
                 status = 200 if self.path in HEALTH else me.status
                 if self.path not in HEALTH:
                     me.hits[self.path] += 1
@@ -164,6 +167,17 @@ def test_a_dead_front_is_taken_out_of_rotation(balancer: Balancer) -> None:
     balancer.wait_up("openai_front", {"replica-1"})
     statuses = [requests.get(balancer.url(balancer.public.front) + "/v1/chat", timeout=10).status_code for _ in range(4)]
     assert statuses == [200] * 4 and balancer.front[1].hits["/v1/chat"] == 4
+
+
+def test_a_slow_but_live_front_stays_in_rotation(balancer: Balancer) -> None:
+    """A front that answers its check in 1.5 s (both cores decoding) is alive: with the other one gone
+    it is all there is, and taking it out too answered clients with HAProxy's 503."""
+    balancer.front[1].health_delay_s = 1.5
+    balancer.front[0].stop()
+    balancer.wait_up("openai_front", {"replica-1"})
+    time.sleep(4.0)  # four checks
+    assert balancer.servers_up("openai_front") == {"replica-1"}
+    assert requests.get(balancer.url(balancer.public.front) + "/v1/chat", timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize("path, public", [
