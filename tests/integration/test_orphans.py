@@ -94,6 +94,9 @@ def _kill_all(pids: set[int]) -> None:
             pass
 
 
+STUBS = 5  # Python-backend stubs a server runs: preprocessing (2 instances), spec_gate, target_engine, spec_engine
+
+
 def _ports() -> Ports:
     return Ports(free_port(), free_port(), free_port(), free_port())
 
@@ -123,8 +126,7 @@ def _ours(launcher: subprocess.Popen) -> tuple[set[int], list[str]]:
     ours = _descendants(launcher.pid)
     kinds = [_cmdline(p) for p in ours]
     assert sum("tritonserver " in k for k in kinds) == 1 and sum("specgate_front" in k for k in kinds) == 1, kinds
-    # preprocessing (2 instances), spec_gate, target_engine and spec_engine
-    assert sum("triton_python_backend_stub" in k for k in kinds) >= 5, kinds
+    assert sum("triton_python_backend_stub" in k for k in kinds) >= STUBS, kinds
     return ours, kinds
 
 
@@ -242,7 +244,7 @@ def test_stubs_end_when_tritonserver_is_killed(repository: Path) -> None:
     try:
         wait_ready(server, ports)
         stubs = _descendants(server.pid)
-        assert sum("triton_python_backend_stub" in _cmdline(p) for p in stubs) >= 6
+        assert sum("triton_python_backend_stub" in _cmdline(p) for p in stubs) >= STUBS
         os.kill(server.pid, signal.SIGKILL)  # not reaped until the end of the test: a zombie
         left = _wait_gone(stubs, GONE_WITHIN_S)
         print(f"\ntritonserver killed: {len(stubs)} stubs, {len(left)} left after {GONE_WITHIN_S} s")
