@@ -345,13 +345,18 @@ def test_kill_a_target_engine_stub_under_load(cluster: Cluster) -> None:
           f"serving again after {back_s:.0f} s")
     assert back_s < 60
     wait_for("HAProxy to take it back", lambda: "replica-1" in _servers_up(cluster), 30)
+    # and its new front, which starts after tritonserver is ready (a later test kills the other one)
+    wait_for("HAProxy to take its front back", lambda: "replica-1" in _servers_up(cluster, "openai_front"), 60, 0.2)
     wait_calibrated(OUT / "model_repository")  # the module's later tests route to spec_engine
 
 
 def test_kill_a_front_under_load(cluster: Cluster) -> None:
     """Issue 49: HAProxy checked a front on its tritonserver's port, so a dead front stayed in
     rotation (its requests were saved only by connection-failure retries). It is taken out, nothing is
-    lost, and the supervisor's new front serves again."""
+    lost, and the supervisor's new front serves again. Both fronts must be in rotation first: with the
+    other one still starting (after an earlier test restarted its replica), the kill left HAProxy no
+    front and clients got its 503 (CI, 2026-12-06)."""
+    wait_for("both fronts in rotation", lambda: _servers_up(cluster, "openai_front") == {"replica-0", "replica-1"}, 60, 0.2)
     undisturbed = _run_clients(cluster)
     victim = cluster.state.replicas[0]
     with ThreadPoolExecutor(1) as pool:

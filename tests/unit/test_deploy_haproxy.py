@@ -13,11 +13,13 @@ The whole replica mode, with real servers: tests/integration/test_replicas.py.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +46,7 @@ class Port:
 
     status: int = 200
     health_delay_s: float = 0.0  # before it answers a health check
+    dies: bool = False  # at its first request: stops listening and drops that request unanswered (a killed front)
     hits: Counter = field(default_factory=Counter)
     server: ThreadingHTTPServer | None = None
 
@@ -54,6 +57,11 @@ class Port:
             def _answer(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 self.rfile.read(length)
+                if me.dies and self.path not in HEALTH:
+                    me.server.socket.close()  # new connections are refused from now on
+                    self.connection.shutdown(socket.SHUT_RDWR)  # and this one ends with no response
+                    self.close_connection = True
+                    return
                 if self.path in HEALTH:
                     time.sleep(me.health_delay_s)
                 status = 200 if self.path in HEALTH else me.status
@@ -169,9 +177,19 @@ def test_a_dead_front_is_taken_out_of_rotation(balancer: Balancer) -> None:
     assert statuses == [200] * 4 and balancer.front[1].hits["/v1/chat"] == 4
 
 
+def test_a_front_killed_mid_request_costs_no_request(balancer: Balancer) -> None:
+    """A front killed with requests in flight: HAProxy retries the one it dropped and the ones it then
+    refuses on the live front (retry-on empty-response and conn-failure, redispatched)."""
+    balancer.front[0].dies = True
+    with ThreadPoolExecutor(4) as ex:
+        statuses = list(ex.map(lambda _: requests.post(balancer.url(balancer.public.front) + "/v1/chat", json={}, timeout=10).status_code,
+                               range(16)))
+    assert statuses == [200] * 16, Counter(statuses)
+
+
 def test_a_slow_but_live_front_stays_in_rotation(balancer: Balancer) -> None:
     """A front that answers its check in 1.5 s (both cores decoding) is alive: with the other one gone
-    it is all there is, and taking it out too answered clients with HAProxy's 503."""
+    it is all there is, and taking it out too would answer every client with HAProxy's 503."""
     balancer.front[1].health_delay_s = 1.5
     balancer.front[0].stop()
     balancer.wait_up("openai_front", {"replica-1"})
