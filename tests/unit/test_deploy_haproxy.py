@@ -14,6 +14,7 @@ The whole replica mode, with real servers: tests/integration/test_replicas.py.
 from __future__ import annotations
 
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -46,6 +47,7 @@ class Port:
 
     status: int = 200
     health_delay_s: float = 0.0  # before it answers a health check
+    delay_s: float = 0.0  # before it answers anything but a health check
     dies: bool = False  # at its first request: stops listening and drops that request unanswered (a killed front)
     hits: Counter = field(default_factory=Counter)
     server: ThreadingHTTPServer | None = None
@@ -57,9 +59,13 @@ class Port:
             def _answer(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 self.rfile.read(length)
+                if self.path not in HEALTH:
+                    time.sleep(me.delay_s)
                 if me.dies and self.path not in HEALTH:
                     me.server.socket.close()  # new connections are refused from now on
-                    self.connection.shutdown(socket.SHUT_RDWR)  # and this one ends with no response
+                    # and this one ends with no response, reset as the kernel resets a killed process's
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
                     self.close_connection = True
                     return
                 if self.path in HEALTH:
@@ -181,6 +187,7 @@ def test_a_front_killed_mid_request_costs_no_request(balancer: Balancer) -> None
     """A front killed with requests in flight: HAProxy retries the one it dropped and the ones it then
     refuses on the live front (retry-on empty-response and conn-failure, redispatched)."""
     balancer.front[0].dies = True
+    balancer.front[1].delay_s = 0.5  # the live one holds its requests a while: leastconn prefers the dead one
     with ThreadPoolExecutor(4) as ex:
         statuses = list(ex.map(lambda _: requests.post(balancer.url(balancer.public.front) + "/v1/chat", json={}, timeout=10).status_code,
                                range(16)))

@@ -15,7 +15,7 @@ import pytest
 from bench.baseline import Timing, response_cpu_ms, streaming_cost
 from bench.server_cpu import cpu_by_process
 
-BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(60)"
+BURN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(60)"
 
 
 def test_a_stub_s_cpu_time_counts_under_its_model(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_a_stub_s_cpu_time_counts_under_its_model(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while (used := cpu_by_process(os.getpid())["postprocessing"]) < 0.3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert used >= 0.3  # the child's burn, under its model's name
+        assert used >= 0.3  # the child's burn (0.5 s; /proc counts it in ticks, and 0.3 read as 0.29), under its model's name
         assert cpu_by_process(os.getpid())["tritonserver"] > 0  # the root process is the server
     finally:
         child.kill()
