@@ -109,6 +109,48 @@ def server(checkpoint: Path):
     assert not stuck, f"tritonserver stopped with requests still in flight (model, count): {stuck[-1]}"
 
 
+LIVE_TIMEOUT_S = 120  # a 1-token request takes well under a second; silence this long: the server is wedged
+_wedged: list[str] = []  # the test before which the session's server stopped answering
+
+
+@pytest.fixture(autouse=True)
+def session_server_answers(request: pytest.FixtureRequest) -> None:
+    """Before each test that uses the session's server, one 1-token request must be answered. A server
+    that stopped answering (a hung stub) would otherwise cost every later test its whole timeout,
+    and CI its time limit, with nothing said about why (a CI run was killed that way): the first
+    such test fails within LIVE_TIMEOUT_S, showing the stacks of the server's Python stubs and the
+    end of its log, and every later one fails at once."""
+    if "server" not in request.fixturenames:
+        return
+    if _wedged:
+        pytest.fail(f"the session's tritonserver stopped answering before {_wedged[0]} (its stacks are in that test's failure)",
+                    pytrace=False)
+    from specgate_client import GenerateParams, HttpClient
+
+    client = HttpClient(f"localhost:{request.getfixturevalue('server').http}", timeout_s=LIVE_TIMEOUT_S)
+    try:
+        client.generate("Hi", GenerateParams(max_tokens=1), spec_mode="off")
+    except Exception as exc:  # whatever it was, the server did not answer
+        _wedged.append(request.node.nodeid)
+        pytest.fail(f"the session's tritonserver did not answer a 1-token request ({exc!r})\n{_server_state()}", pytrace=False)
+    finally:
+        client.close()
+
+
+def _server_state() -> str:
+    """What the session's server is doing: each Python stub's thread stacks (py-spy) and its log's end."""
+    from tests.integration.server_state import MODELS
+
+    spy = Path(sys.executable).with_name("py-spy")
+    out = []
+    for model in MODELS:
+        for pid in sorted(stub_pids(model)):
+            dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            out.append(f"--- {model} stub {pid}:\n{dump.stdout}{dump.stderr}")
+    log = (TEST_OUT / "tritonserver.log").read_text(errors="replace").splitlines()
+    return "\n".join([*out, "--- the end of tritonserver.log:", *log[-40:]])
+
+
 @pytest.fixture(scope="session")
 def http(server):
     from specgate_client import HttpClient
