@@ -138,14 +138,15 @@ def session_server_answers(request: pytest.FixtureRequest) -> None:
 
 
 def _server_state() -> str:
-    """What the session's server is doing: each Python stub's thread stacks (py-spy) and its log's end."""
+    """What the session's server is doing: each Python stub's thread stacks (py-spy, native frames
+    included: a wait for the GIL or a lock shows) and the end of its log."""
     from tests.integration.server_state import MODELS
 
     spy = Path(sys.executable).with_name("py-spy")
     out = []
     for model in MODELS:
         for pid in sorted(stub_pids(model)):
-            dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
             out.append(f"--- {model} stub {pid}:\n{dump.stdout}{dump.stderr}")
     log = (TEST_OUT / "tritonserver.log").read_text(errors="replace").splitlines()
     return "\n".join([*out, "--- the end of tritonserver.log:", *log[-40:]])
