@@ -10,9 +10,10 @@ answers 200, so neither a load balancer nor a kubelet sees anything wrong. The s
 the server for anything else.
 
 A stub that is alive but hung (stopped, deadlocked) keeps the model READY and its process count
-whole, and fails every request that reaches it (a gate request after two unanswered pings). The
-supervisor pings each CPU engine as the gate does (contract.PARAM_PING, with the engine key): one that
-answers no ping is hung, and its stubs are killed, which makes it a dead stub like any other.
+whole, and fails every request that reaches it (a gate request after two unanswered pings), or, when
+it is spec_gate's, hangs every request. The supervisor pings each CPU engine as the gate does, and the
+gate itself (contract.PARAM_PING, with the engine key): one that answers no ping is hung, and its
+stubs are killed, which makes it a dead stub like any other.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ LOAD_TIMEOUT_S = 300.0
 # Models the server serves without: the gate puts every request on the baseline while spec_engine is
 # away (docs/robustness.md), so a dead spec_engine stub is reloaded, not the whole server restarted.
 RELOADABLE = frozenset({"spec_engine"})
-ENGINES = ("target_engine", "spec_engine")  # the models that answer a ping (as Python-backend stubs)
-PING_TIMEOUT_S = 10.0  # a live engine answers at once, also while it decodes (the gate waits as long)
+# The models that answer a ping (as Python-backend stubs). spec_gate's Python can stop while its
+# process and Triton's health flag live on (a lock-order cycle inside Triton 2.51's Python backend,
+# docs/robustness.md "Limits"); then every request hangs, and only its ping tells.
+PINGED = ("spec_gate", "target_engine", "spec_engine")
+PING_TIMEOUT_S = 10.0  # a live stub answers at once, also while it decodes (the gate waits as long)
 
 
 class Fault(BaseModel):
@@ -130,15 +134,19 @@ def kill_stubs(server_pid: int, model: str) -> None:
                 pass
 
 
-def unanswered_pings(grpc_port: int, engines: list[str], engine_key: str, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
-    """The engines among `engines` that answered no ping within `timeout_s`, pinged at once."""
+def unanswered_pings(grpc_port: int, models: list[str], engine_key: str, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
+    """The models among `models` (of PINGED) that answered no ping within `timeout_s`, pinged at once."""
+    import numpy as np
+
     from specgate.contract import PARAM_PING, engine_inputs
     from specgate_client import ServerError, ServerUnreachable, stream_engine
 
     def answers(model: str) -> bool:
+        # spec_gate's inputs are all optional and a ping reads none: one id, and one of its outputs
+        arrays, outputs = (({"input_ids": np.array([0], np.int32)}, ["text_output"]) if model == "spec_gate"
+                           else (engine_inputs([0], 1, 0, streaming=False), ["output_ids"]))
         try:
-            for _ in stream_engine(f"127.0.0.1:{grpc_port}", model, engine_inputs([0], 1, 0, streaming=False), {PARAM_PING: True},
-                                   ["output_ids"], timeout_s, engine_key=engine_key):
+            for _ in stream_engine(f"127.0.0.1:{grpc_port}", model, arrays, {PARAM_PING: True}, outputs, timeout_s, engine_key=engine_key):
                 pass
             return True
         except ServerUnreachable:  # the server itself: its process check's and the probes' to judge
@@ -146,8 +154,8 @@ def unanswered_pings(grpc_port: int, engines: list[str], engine_key: str, timeou
         except ServerError:  # an error (a dead stub), or no answer in time (a hung one)
             return False
 
-    with ThreadPoolExecutor(max(1, len(engines))) as pool:
-        return [model for model, ok in zip(engines, pool.map(answers, engines)) if not ok]
+    with ThreadPoolExecutor(max(1, len(models))) as pool:
+        return [model for model, ok in zip(models, pool.map(answers, models)) if not ok]
 
 
 class HealthCheck:

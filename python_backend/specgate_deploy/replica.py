@@ -217,11 +217,11 @@ class Replica:
         return True
 
     def _hung(self, index: list[health.ModelState]) -> health.Fault | None:
-        """A READY engine of this server whose stubs answer no ping (not one being reloaded)."""
+        """A READY model of this server (the gate or an engine) whose stubs answer no ping (not one being reloaded)."""
         reloading = self._reloading is not None and self._reloading.is_alive()
-        engines = [m.name for m in index if m.state == "READY" and m.name in health.ENGINES and m.name in self._health.expected_stubs
-                   and not (reloading and m.name in health.RELOADABLE)]
-        hung = health.unanswered_pings(self.ports.grpc, engines, launcher.engine_key()) if engines else []
+        pinged = [m.name for m in index if m.state == "READY" and m.name in health.PINGED and m.name in self._health.expected_stubs
+                  and not (reloading and m.name in health.RELOADABLE)]
+        hung = health.unanswered_pings(self.ports.grpc, pinged, launcher.engine_key()) if pinged else []
         return health.Fault(model=hung[0], reason=f"{hung[0]} answers no ping", hung=True) if hung else None
 
     def _reload(self, model: str, headers: dict[str, str]) -> None:

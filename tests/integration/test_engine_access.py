@@ -76,6 +76,16 @@ def test_control_messages_without_the_engine_key_are_refused_and_change_nothing(
     assert CALIBRATION.read_bytes() == published, "a caller without the key changed the calibration the gate reads"
 
 
+def test_the_gate_answers_the_supervisors_ping_only_with_the_engine_key(server) -> None:  # noqa: ANN001
+    """`make serve`'s supervisor pings spec_gate as it pings the engines (specgate_deploy.health): a gate
+    whose Python stopped answers none, and its server is restarted (test_orphans stops one)."""
+    from specgate_deploy import health
+
+    assert health.unanswered_pings(server.grpc, list(health.PINGED), engine_key()) == []
+    assert PARAM_ENGINE_KEY in _refused(f"localhost:{server.grpc}", "spec_gate", {"input_ids": np.array([0], np.int32)}, {PARAM_PING: True})
+    assert health.unanswered_pings(server.grpc, ["spec_gate"], "not-the-key") == ["spec_gate"]
+
+
 def test_bad_prompt_ids_are_the_clients_error_and_never_open_the_breaker(server, http) -> None:  # noqa: ANN001
     """Keyless direct calls to spec_gate, routed speculative by header: the org breaker they share
     (failure_threshold 2 in the test policy) must stay closed."""

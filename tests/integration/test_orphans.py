@@ -178,6 +178,8 @@ FAULTS = {
     "server-aborted": ("tritonserver ", signal.SIGABRT, None),
     "target-engine-stub-killed": ("/target_engine/1/model.py", signal.SIGKILL, "target_engine is READY but 1 of its 1 stub processes died"),
     "target-engine-stub-hung": ("/target_engine/1/model.py", signal.SIGSTOP, "target_engine answers no ping"),
+    # as Triton's lock-order hang leaves the gate (docs/robustness.md "Limits"): every request hangs
+    "spec-gate-stub-hung": ("/spec_gate/1/model.py", signal.SIGSTOP, "spec_gate answers no ping"),
 }
 
 

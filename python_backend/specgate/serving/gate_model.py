@@ -33,6 +33,10 @@ that started alone keeps the one-at-a-time engine busy beside the batch, and bot
 Dead engines (CPU engines only; docs/robustness.md): an engine request that stays silent is checked
 with a ping, so a dead engine process fails the request instead of hanging it, and a slow one that
 answers is left to finish.
+
+The gate answers a ping too (contract.PARAM_PING, with the engine key): `make serve`'s supervisor
+sends one every few seconds, and a gate whose Python stopped (Triton's lock-order hang,
+docs/robustness.md "Limits") answers none and has its server restarted.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 from pydantic import BaseModel
 
-from specgate.contract import GATE_TICK
+from specgate.contract import GATE_TICK, PARAM_PING
 from specgate.errors import InvalidInput
 from specgate.gate import Gate, PolicyError, Route
 from specgate.gate.admission import Overloaded
@@ -101,7 +105,8 @@ class GateModel:
         self.extensions = p.engine_extensions
         self.gate = Gate(p.policy_path, metric_factory=pb_utils, label_secret=label_secret_from_env(),
                          calibration_path=p.calibration_path or None)
-        self.engines = EngineClient(p.end_id, self.extensions, lambda: self.gate.policy.speculative.stall_timeout_s, EngineKey.from_env())
+        self.key = EngineKey.from_env()
+        self.engines = EngineClient(p.end_id, self.extensions, lambda: self.gate.policy.speculative.stall_timeout_s, self.key)
         self.shadow = Shadow(self.gate, self.engines)
         self.decoder = PromptTokenizer(p.tokenizer_dir, 1, chat=False)  # it only decodes
         self.outbox = Outbox()
@@ -139,6 +144,10 @@ class GateModel:
         sender = RequestedOutputsSender(request)
         try:
             params = request_parameters(request)
+            if params.get(PARAM_PING):  # the supervisor: does the gate's Python still run? (answering is the answer)
+                self.key.check(params, "spec_gate")
+                sender.send(flags=FINAL)
+                return
             # the prompt's size first: it bounds the work of everything after
             prompt, stops = prompt_ids(request, self.vocab_size, self.max_input_len), stop_words(request)
             ctx = RequestContext(parse_gate_request(request, params, self.max_output_len, prompt), prompt, stops, secrets.randbits(63))
