@@ -24,7 +24,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from loadtest.metrics import delta, scrape
+from loadtest.metrics import delta, scrape, value
+from specgate.contract import ENGINE_ACTIVE_METRIC
 from specgate_client import GenerateParams, GrpcClient, HttpClient, collect
 from specgate_launcher import admin_headers, wait_calibrated
 from tests.conftest import COMPUTE_LOCK, TEST_OUT, TEST_POLICY, stub_pids
@@ -83,6 +84,15 @@ def _kill_between_decodes(model: str) -> None:
             _kill(model)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _wait_held(metrics_port: int, model: str, n: int, futures: list) -> None:  # noqa: ANN001
+    """Until `model` holds `n` requests (ENGINE_ACTIVE_METRIC), none of them answered."""
+    deadline = time.monotonic() + 30
+    while value(scrape(metrics_port), ENGINE_ACTIVE_METRIC, model=model) < n:
+        assert time.monotonic() < deadline, f"{model} did not receive {n} requests within 30 s"
+        time.sleep(0.05)
+    assert not any(f.done() for f in futures), "answered while no engine could decode"
 
 
 def test_control_apis_refuse_callers_without_the_admin_key(http, grpc, server):
@@ -197,8 +207,9 @@ def test_target_engine_killed_loses_no_request_then_restarts(http, grpc, server)
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 futures = [ex.submit(one, i) for i in range(4)]
-                time.sleep(3.0)
-                assert not any(f.done() for f in futures), "answered while no engine could decode"
+                # killed once all four wait in it, before the gate's first ping (PROBE_AFTER_S of
+                # silence): a stub killed amid a ping's IPC aborted tritonserver (see _kill_between_decodes)
+                _wait_held(server.metrics, "target_engine", 4, futures)
                 _kill("target_engine")
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
