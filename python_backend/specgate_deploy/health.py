@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 from google.protobuf import text_format
@@ -134,17 +135,25 @@ def kill_stubs(server_pid: int, model: str) -> None:
                 pass
 
 
-def unanswered_pings(grpc_port: int, models: list[str], engine_key: str, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
-    """The models among `models` (of PINGED) that answered no ping within `timeout_s`, pinged at once."""
+def ping_request(model: str) -> tuple[dict[str, Any], list[str]]:
+    """The inputs and requested outputs of a ping to `model` (one of PINGED). spec_gate's inputs are
+    all optional and a ping reads none: one id, and one of its outputs."""
     import numpy as np
 
-    from specgate.contract import PARAM_PING, engine_inputs
+    from specgate.contract import engine_inputs
+
+    if model == "spec_gate":
+        return {"input_ids": np.array([0], np.int32)}, ["text_output"]
+    return engine_inputs([0], 1, 0, streaming=False), ["output_ids"]
+
+
+def unanswered_pings(grpc_port: int, models: list[str], engine_key: str, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
+    """The models among `models` (of PINGED) that answered no ping within `timeout_s`, pinged at once."""
+    from specgate.contract import PARAM_PING
     from specgate_client import ServerError, ServerUnreachable, stream_engine
 
     def answers(model: str) -> bool:
-        # spec_gate's inputs are all optional and a ping reads none: one id, and one of its outputs
-        arrays, outputs = (({"input_ids": np.array([0], np.int32)}, ["text_output"]) if model == "spec_gate"
-                           else (engine_inputs([0], 1, 0, streaming=False), ["output_ids"]))
+        arrays, outputs = ping_request(model)
         try:
             for _ in stream_engine(f"127.0.0.1:{grpc_port}", model, arrays, {PARAM_PING: True}, outputs, timeout_s, engine_key=engine_key):
                 pass

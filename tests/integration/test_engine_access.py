@@ -82,7 +82,7 @@ def test_the_gate_answers_the_supervisors_ping_only_with_the_engine_key(server) 
     from specgate_deploy import health
 
     assert health.unanswered_pings(server.grpc, list(health.PINGED), engine_key()) == []
-    assert PARAM_ENGINE_KEY in _refused(f"localhost:{server.grpc}", "spec_gate", {"input_ids": np.array([0], np.int32)}, {PARAM_PING: True})
+    assert PARAM_ENGINE_KEY in _refused(f"localhost:{server.grpc}", "spec_gate", health.ping_request("spec_gate")[0], {PARAM_PING: True})
     assert health.unanswered_pings(server.grpc, ["spec_gate"], "not-the-key") == ["spec_gate"]
 
 

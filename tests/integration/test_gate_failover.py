@@ -208,7 +208,7 @@ def test_target_engine_killed_loses_no_request_then_restarts(http, grpc, server)
             try:
                 futures = [ex.submit(one, i) for i in range(4)]
                 # killed once all four wait in it, before the gate's first ping (PROBE_AFTER_S of
-                # silence): a stub killed amid a ping's IPC aborted tritonserver (see _kill_between_decodes)
+                # silence): a stub killed amid a ping's IPC can abort tritonserver (see _kill_between_decodes)
                 _wait_held(server.metrics, "target_engine", 4, futures)
                 _kill("target_engine")
             finally:
