@@ -12,9 +12,12 @@ whatever its size, and kernels that make that cheap:
   once for all the columns, and each output is summed in one order for every column count, one
   included, so it serves every decode in both modes. Other formats take ggml's per-row dot products
   in batch-invariant mode (not llamafile's sgemm at 2+ rows, nor the tiled K-quant kernels);
-- flash attention in batch-invariant mode: each query reduced over the cache in blocks of 32 cells
-  at fixed positions, exponentials vectorised (llamacpp_kernels/flash_attn_blocked.cpp); never
-  the split-KV path of one-token decodes past 512 cells, nor the tiled path of 64+ queries;
+- flash attention in batch-invariant mode: each query reduced over the cache in two passes (scores
+  and their maximum, then weights and values, each summed in cell order), 16-lane FMAs with no call
+  per cell, a block's keys and values converted to F32 once for the rows that share a K/V head
+  (llamacpp_kernels/flash_attn_blocked.cpp); a row's result depends only on the cells it sees, in
+  order, not on their positions. Never the split-KV path of one-token decodes past 512 cells, nor
+  the tiled path of 64+ queries;
 - AMX (ggml's own kernels for repacked Q4_0/Q4_1/Q8_0/K-quant weights, where the CPU has it): a
   one-line fix for GCC 12, whose `_tile_loadconfig` declares an 8-byte read of the 64-byte tile
   configuration, so the stores of its rows and columns were dropped as dead and the first tile load
@@ -24,7 +27,9 @@ whatever its size, and kernels that make that cheap:
   many-row (AMX tile) kernels both reduce each block to an exact int32 sum and accumulate
   fma(sum, d_w * d_a, acc) in block order, so they agree bit for bit; the engines check that on
   their own model at load (decoding/llamacpp_target.py) before they keep repacked weights. Up to 8
-  token rows take the one-row kernel once per row, which was faster there than the tiles.
+  token rows take the one-row kernel's arithmetic, which was faster there than the tiles: 2-8 rows
+  through llamacpp_kernels/amx_vnni_rows.cpp, which loads and unpacks each weight tile once for all
+  of them (ggml's VNNI kernels read one row).
 
 `ggml_cpu_set_tile_kernels(false)` turns the tile kernels and the blocked attention off again (the
 per-row kernels of the earlier exact mode), so a benchmark can measure one against the other in
@@ -145,10 +150,11 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "                specgate_fa_blocked(params, dst, ir0, ir1);\n"
         "            } else {",
     ),
+    ("src/ggml-cpu/amx/mmq.cpp", *_insert_before("#define LAUNCH_TINYGEMM_KERNEL_VNNI(NB_SIZE)", "amx_vnni_rows.cpp")),
     (
         "src/ggml-cpu/amx/mmq.cpp",
         "    if (M == 1) {\n        // MB = 1 and handle 8 tiles in each block\n",
-        "    // specgate patch: up to 8 token rows take the one-row (VNNI) kernel once per row; it reduces\n"
+        "    // specgate patch: up to 8 token rows take the one-row (VNNI) kernel's arithmetic; it reduces\n"
         "    // each block as the AMX tiles do (the same bits), and at 2-8 rows it was as fast or faster than\n"
         "    // the tiles, which unpack a whole 32-row block for them (2-core Xeon with AMX, family 6 model 207,\n"
         "    // quiet runs one after the other: 2 rows 4.5 ms against 7.1, 4 rows 7.7 against 9.0, 8 rows 14.1 against 14.4)\n"
@@ -173,7 +179,15 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "                    int nb_start = nb * BLOCK_N;\n"
         "                    int nb_size = std::min(BLOCK_N, N - nb_start); // 32, 64, 96\n"
         "\n"
-        "                    for (int m = 0; m < M; ++m) {  // specgate patch: each row of the block\n"
+        "                    // specgate patch: 2-8 rows share each weight tile (amx_vnni_rows.cpp), the others\n"
+        "                    // take the one-row kernel once per row\n"
+        "                    if (M > 1 && specgate_vnni_rows_any<type>(M, KB, (const char *)wdata + batch_idx * M * row_size_A, "
+        "row_size_A,\n"
+        "                            (const char *)src0->data + src0_offset + PACKED_INDEX(nb * kTilesN, 0, KB, TILE_SIZE), TILE_SIZE,\n"
+        "                            nb_size / TILE_N, (float *) dst->data + ggml_batch_offset(dst, batch_idx, ne2) + nb_start, ldc)) {\n"
+        "                        continue;\n"
+        "                    }\n"
+        "                    for (int m = 0; m < M; ++m) {\n"
         "                    const int64_t dst_offset = ggml_batch_offset(dst, batch_idx, ne2) + m * ldc;\n"
         "                    const char * wdata_batch = (const char *)wdata + (batch_idx * M + m) * row_size_A;\n"
         "                    switch (nb_size) {\n"

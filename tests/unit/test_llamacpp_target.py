@@ -66,6 +66,23 @@ def test_every_node_sees_exactly_its_ancestors(tree_target, chain_target, case) 
     assert torch.equal(logits[0], ref[0])  # the root sees the prompt only
 
 
+@pytest.mark.parametrize("prompt_len", [20, 27, 29, 45, 60])
+def test_a_nodes_logits_do_not_depend_on_where_its_ancestors_sit(tree_target, chain_target, prompt_len: int) -> None:  # noqa: ANN001
+    """A wide tree puts a late sibling's child a dozen cells past where its chain puts it, across the
+    cache's block boundaries at some prompt lengths: its logits must still be its chain's, bit for bit
+    (an attention that rescales or sums by cell position gets them only by chance)."""
+    rng = random.Random(prompt_len)
+    prompt = [rng.randrange(100, 40000) for _ in range(prompt_len)]
+    parents = [-1] * 12 + [11, 12]  # twelve siblings; the last one's child, and its child
+    tree = DraftTree(torch.tensor([rng.randrange(100, 40000) for _ in parents]), torch.tensor(parents))
+    tree_target.prefill(0, prompt, features=False)
+    logits, _ = tree_target.verify(0, 1234, tree, features=False)
+    tree_target.release(0)
+    for node in (11, 12, 13):
+        ref = _chain_logits(chain_target, prompt, 1234, tree.tokens[_path(tree, node)].tolist())
+        assert torch.equal(logits[1 + node], ref[-1]), f"node {node}, prompt of {prompt_len}"
+
+
 def test_a_wrong_sequence_assignment_is_detected(tree_target, chain_target, case, monkeypatch) -> None:  # noqa: ANN001
     """The check above fails if nodes are put into the wrong sequences: here b's branch also holds a,
     so b and f see their uncle a (a batch llama.cpp accepts: positions stay consecutive per sequence)."""
