@@ -6,9 +6,9 @@
 // holds, so a row's result never depends on the other rows; and it depends only on the cells it sees,
 // in order, not on where they sit (details at specgate_fa_blocked_rows).
 // A score is 16-lane FMAs over the head's dimensions, then one fixed reduction tree (on AVX-512, the
-// 16 cells of a half block together); a value row is 16-lane FMAs into accumulators that stay in
-// registers. The one-chunk kernel made three calls per cell and row and converted every cell for
-// every row.
+// 16 cells of a half block together); a value row is FMAs at the build's native width into
+// accumulators that stay in registers. The one-chunk kernel made three calls per cell and row and
+// converted every cell for every row.
 // Why by hand: ggml's vector helpers work on one row of one cell at a time. GCC's vector extensions
 // give each instruction-set level of the portable build its own widths from this one source.
 // F16 K and V, F32 Q, no sinks, softcap or ALiBi, head sizes a multiple of 16 up to
@@ -21,6 +21,14 @@
 #define SPECGATE_FA_SHARE_ROWS 3  // groups of at least this many rows share one conversion of a block
 
 typedef float specgate_f32x16 __attribute__((vector_size(64)));
+// The build's native vector, for the value loop: scalar-times-vector on a 64-byte vector made GCC build
+// the broadcast on the stack element by element on AVX2. Elementwise, so the same bits at either width.
+#if defined(__AVX512F__)
+#define SPECGATE_VN 16
+#else
+#define SPECGATE_VN 8
+#endif
+typedef float specgate_vn __attribute__((vector_size(4*SPECGATE_VN), may_alias));
 typedef float specgate_f32x8 __attribute__((vector_size(32)));
 typedef float specgate_f32x4 __attribute__((vector_size(16)));
 
@@ -65,19 +73,12 @@ struct specgate_fa_block {
     const char * v;
     size_t nbk1, nbv1;
 
+    // from the F16 rows (the F32 arrays are read in place)
     void key(int j, int64_t c, specgate_f32x16 * out) const {
-        if (F32) {
-            *out = K32[j][c];
-        } else {
-            specgate_f16x16_load((const ggml_fp16_t *) (k + j*nbk1) + 16*c, out);
-        }
+        specgate_f16x16_load((const ggml_fp16_t *) (k + j*nbk1) + 16*c, out);
     }
     void value(int j, int64_t c, specgate_f32x16 * out) const {
-        if (F32) {
-            *out = V32[j][c];
-        } else {
-            specgate_f16x16_load((const ggml_fp16_t *) (v + j*nbv1) + 16*c, out);
-        }
+        specgate_f16x16_load((const ggml_fp16_t *) (v + j*nbv1) + 16*c, out);
     }
 };
 
@@ -92,11 +93,18 @@ static inline void specgate_scores16(const specgate_f32x16 * Q, int64_t nk, cons
             p[j] = specgate_f32x16{};
             continue;
         }
-        blk.key(j0 + j, 0, &kv);
-        p[j] = Q[0]*kv;
-        for (int64_t c = 1; c < nk; ++c) {
-            blk.key(j0 + j, c, &kv);
-            p[j] += Q[c]*kv;
+        if constexpr (F32) {
+            p[j] = Q[0]*blk.K32[j0 + j][0];
+            for (int64_t c = 1; c < nk; ++c) {
+                p[j] += Q[c]*blk.K32[j0 + j][c];
+            }
+        } else {
+            blk.key(j0 + j, 0, &kv);
+            p[j] = Q[0]*kv;
+            for (int64_t c = 1; c < nk; ++c) {
+                blk.key(j0 + j, c, &kv);
+                p[j] += Q[c]*kv;
+            }
         }
     }
 #if defined(__AVX512F__)
@@ -118,7 +126,9 @@ static inline void specgate_scores16(const specgate_f32x16 * Q, int64_t nk, cons
     *out = (specgate_f32x16) _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                            _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
 #else
-    // each cell's lanes: halves, quarters, then the last four in pairs
+    // each cell's lanes: halves, quarters, then the last four in pairs (into a float array: element
+    // writes into a 64-byte vector went through the stack on AVX2)
+    float sums[16];
     for (int j = 0; j < 16; ++j) {
         specgate_f32x8 lo, hi;
         memcpy(&lo, &p[j], sizeof(lo));
@@ -128,8 +138,9 @@ static inline void specgate_scores16(const specgate_f32x16 * Q, int64_t nk, cons
         memcpy(&l4, &s8, sizeof(l4));
         memcpy(&h4, (const char *) &s8 + sizeof(l4), sizeof(h4));
         const specgate_f32x4 s4 = l4 + h4;
-        (*out)[j] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+        sums[j] = (s4[0] + s4[2]) + (s4[1] + s4[3]);
     }
+    memcpy(out, sums, sizeof(sums));
 #endif
 }
 
@@ -151,12 +162,16 @@ static inline bool specgate_fa_mask(const specgate_fa_row & row, int64_t ic0, in
         if (row.mp && n == 16) {
             specgate_f16x16_load(row.mp + ic0 + 16*h, &m[h]);
         } else {
+            float mv[16];
             for (int j = 0; j < 16; ++j) {
-                m[h][j] = j >= n ? -INFINITY : row.mp ? GGML_CPU_FP16_TO_FP32(row.mp[ic0 + 16*h + j]) : 0.0f;
+                mv[j] = j >= n ? -INFINITY : row.mp ? GGML_CPU_FP16_TO_FP32(row.mp[ic0 + 16*h + j]) : 0.0f;
             }
+            memcpy(&m[h], mv, sizeof(mv));
         }
     }
-    const specgate_f32x16 mm = m[0] > m[1] ? m[0] : m[1];
+    float mm[16];
+    const specgate_f32x16 larger = m[0] > m[1] ? m[0] : m[1];
+    memcpy(mm, &larger, sizeof(mm));
     bool open = false;
     for (int j = 0; j < 16; ++j) {
         open |= mm[j] != -INFINITY;
@@ -176,7 +191,9 @@ static inline void specgate_fa_row_scores(specgate_fa_row & row, int64_t nk, con
         sc[h] = m[h] == neg_inf ? neg_inf : sc[h]*scale + m[h];  // a masked cell's score is -inf, whatever its key holds
     }
     memcpy(row.KQ + ic0, sc, sizeof(sc));
-    const specgate_f32x16 mx = sc[0] > sc[1] ? sc[0] : sc[1];
+    float mx[16];
+    const specgate_f32x16 larger = sc[0] > sc[1] ? sc[0] : sc[1];
+    memcpy(mx, &larger, sizeof(mx));
     for (int j = 0; j < 16; ++j) {
         row.M = MAX(row.M, mx[j]);
     }
@@ -189,27 +206,36 @@ template <int NV, bool F32>
 static inline void specgate_fa_row_values(specgate_fa_row & row, int64_t nv, const specgate_fa_block<F32> & blk,
                                           int64_t ic0, int cells) {
     if (NV) { nv = NV; }
+    constexpr int per16 = 16/SPECGATE_VN;  // native vectors per 16 lanes
+    const int64_t nn = nv*per16;
     float * w = row.KQ + ic0;
-    specgate_f32x16 acc[NV ? NV : SPECGATE_FA_MAX_D/16];
-    for (int64_t c = 0; c < nv; ++c) {
-        acc[c] = row.VKQ[c];
-    }
+    specgate_vn acc[(NV ? NV : SPECGATE_FA_MAX_D/16)*per16];
+    memcpy(acc, row.VKQ, nn*sizeof(specgate_vn));
     ggml_float S = row.S;
     for (int j = 0; j < cells; ++j) {
         if (w[j] == 0.0f) {
             continue;  // masked: whatever the cell holds adds nothing
         }
         S += (ggml_float) w[j];
-        for (int64_t c = 0; c < nv; ++c) {
-            specgate_f32x16 vv;
-            blk.value(j, c, &vv);
-            acc[c] += w[j]*vv;
+        const float wj = w[j];
+        if constexpr (F32) {
+            const specgate_vn * vr = (const specgate_vn *) blk.V32[j];
+            for (int64_t c = 0; c < nn; ++c) {
+                acc[c] += wj*vr[c];
+            }
+        } else {
+            for (int64_t c = 0; c < nv; ++c) {
+                specgate_f32x16 vv;
+                blk.value(j, c, &vv);
+                const specgate_vn * vr = (const specgate_vn *) &vv;
+                for (int h = 0; h < per16; ++h) {
+                    acc[c*per16 + h] += wj*vr[h];
+                }
+            }
         }
     }
     row.S = S;
-    for (int64_t c = 0; c < nv; ++c) {
-        row.VKQ[c] = acc[c];
-    }
+    memcpy(row.VKQ, acc, nn*sizeof(specgate_vn));
 }
 
 // Rows ir0..ir1, a group of consecutive rows that read the same K/V head at a time (a decode's queries
