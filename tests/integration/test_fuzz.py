@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 import numpy as np
+import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadtest.metrics import scrape
 from specgate.algorithms import SPEC_ALGORITHMS
 from specgate.contract import HEADER_API_KEY, HEADER_SPEC_MODE, LLM_INPUTS
 from specgate_client import GenerateParams, GrpcClient, ServerError, ServerUnreachable
@@ -49,6 +52,7 @@ TRITON_FRONT_END = (
 )
 
 FIELDS = (*(t.name for t in LLM_INPUTS), HEADER_API_KEY, HEADER_SPEC_MODE)
+TENANT_KEYS = ["tenant-prod", "tenant-shadow", "tenant-locked"]  # keys of the suite's key file the cases use
 TYPE_OF = {t.name: t.dtype.removeprefix("TYPE_").replace("STRING", "BYTES") for t in LLM_INPUTS}
 # numpy dtypes of the Triton datatypes the gRPC cases send
 NP = {"BYTES": np.object_, "BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32, "INT64": np.int64,
@@ -74,7 +78,7 @@ VALID = {
     "use_speculative_decoding": st.booleans(),
     "speculative_algorithm": st.sampled_from(SPEC_ALGORITHMS),
     "num_speculative_tokens": st.integers(1, 8),
-    HEADER_API_KEY: st.sampled_from(["tenant-prod", "tenant-shadow", "tenant-locked"]) | header_text,
+    HEADER_API_KEY: st.sampled_from(TENANT_KEYS) | header_text,
     HEADER_SPEC_MODE: st.sampled_from(["off", "shadow", "prod", " PROD "]),
 }
 # ... and then a few of its fields get odd values of the right kind, or any JSON value at all
@@ -172,6 +176,26 @@ def grpc_cases(draw) -> tuple[list, dict[str, str]]:
     headers = {h: draw(VALID[h] if draw(st.booleans()) else ODD[h])
                for h in draw(st.lists(st.sampled_from([HEADER_API_KEY, HEADER_SPEC_MODE]), unique=True))}
     return inputs, headers
+
+
+# A copy-style prompt: n-gram drafts find it in the prompt and are accepted, so probes close a breaker
+COPY = "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river."
+BREAKER_SETTLE_S = 60
+
+
+@pytest.fixture(scope="module", autouse=True)
+def the_breakers_are_left_closed(http, server) -> Iterator[None]:  # noqa: ANN001
+    """The fuzz's speculative cases (random prompts, as the org or a tenant of TENANT_KEYS) draft with
+    low acceptance and can open those circuits; the tests after this module take them closed (CI:
+    test_gate's first request came within the 3 s cooldown and was refused as circuit_open). So after
+    the fuzz: past the cooldown, copy-style probes as each of them until every breaker reads closed."""
+    yield
+    deadline = time.monotonic() + BREAKER_SETTLE_S
+    while any(v != 0.0 for (name, _), v in scrape(server.metrics).items() if name == "spec_gate_circuit_open"):
+        assert time.monotonic() < deadline, f"a breaker was still open {BREAKER_SETTLE_S} s after the fuzz"
+        time.sleep(1.0)
+        for key in (None, *TENANT_KEYS):
+            http.generate(COPY, GenerateParams(max_tokens=24, num_speculative_tokens=4), api_key=key, spec_mode="prod")
 
 
 def _good_request_succeeds(http) -> None:  # noqa: ANN001

@@ -32,6 +32,7 @@ RELOAD_S = 1.2
 ECHO = "Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog by the river."
 CAPS = "Rewrite this sentence in all capital letters: the weather today is sunny and warm with a light breeze."
 PROMPT = ECHO
+COUNT = "Write the numbers from 1 to 1000 separated by commas."  # at T=0 it counts on past 400 tokens
 # nothing to copy, and long drafts: low acceptance
 NOVEL = [
     "Invent a name for a new color and describe it.",
@@ -169,10 +170,12 @@ def test_policy_edit_takes_effect_live(http):
 def test_load_hands_a_running_speculative_request_over(http, grpc):
     """With load.max_in_flight 1, a speculative request that started alone continues on the batched
     baseline once a second request arrives: same text (fp32, greedy), final route baseline, reason load."""
-    long = GenerateParams(max_tokens=96, num_speculative_tokens=4)
-    expected = http.generate(ECHO, long, spec_mode="off").text
+    # A request that runs for a second or more: the copy prompt's answer (about 20 tokens, drafted a
+    # handful at a time) was over before the second request arrived once exact mode got faster
+    long = GenerateParams(max_tokens=400, num_speculative_tokens=4)
+    expected = http.generate(COUNT, long, spec_mode="off").text
     with live_policy(lambda p: p.update(load={"max_in_flight": 1})):
-        stream = grpc.stream(ECHO, long, spec_mode="prod")
+        stream = grpc.stream(COUNT, long, spec_mode="prod")
         first = next(stream)
         assert first.meta["route"] == "speculative", first.meta
         second = http.generate(CAPS, GREEDY, spec_mode="prod")  # arrives while the first runs
