@@ -29,12 +29,14 @@ LONG = GenerateParams(max_tokens=400, num_speculative_tokens=4, speculative_algo
 SEEN = 4  # tokens the client reads before it cancels
 # Tokens the engine may generate past what the client saw: those already on their way to it (a
 # streamed response goes out at most every stream interval, which the engine measures and keeps
-# within 100 ms: up to about 30 tokens of llama.cpp on a fast CPU), those made until the gate's next
-# tick sees the cancellation (one request alone ticks every 0.1 s: serving/watch.py) and while the stop
-# travels gate -> engine (a few steps), and the step under way when the engine hears of it (up to
-# k + 1 = 5 tokens for spec_engine). Measured with a 40 ms interval and postprocessing relaying the
-# cancel (before issue 50): 5-16 past what was seen; a cancel that did not stop the engine runs to 400.
-FEW = 40
+# within 100 ms), those made until the gate's next tick sees the cancellation (one request alone
+# ticks every 0.1 s: serving/watch.py) and while the stop travels gate -> engine (a few steps), and
+# the step under way when the engine hears of it (up to k + 1 = 5 tokens for spec_engine): about
+# 0.3 s of decoding, which is about 100-120 tokens where exact mode decodes a token in 2.5-3 ms (the
+# 2-core AMX Xeon). Measured with a 40 ms interval and postprocessing relaying the cancel (before
+# issue 50): 5-16 past what was seen; in CI on that Xeon, 45. A cancel that did not stop the engine
+# runs to 400.
+FEW = 120
 # Non-streamed: a reply longer than any the engine makes before the client leaves
 COUNT = "Write the numbers from 1 to 1000 separated by commas."  # 1000 tokens and more at T=0
 UNSTREAMED = GenerateParams(max_tokens=1000, num_speculative_tokens=4, speculative_algorithm="ngram")
