@@ -63,24 +63,29 @@ static inline void specgate_f16x16_load(const ggml_fp16_t * p, specgate_f32x16 *
 #endif
 }
 
-// A block's keys and values: converted to F32 once for a group of rows (F32), or read from the cache's F16
-// rows by each row. The same values either way, so a row's result does not depend on which.
+// A block's keys (pass 1) or values (pass 2): converted to F32 once for a group of rows (F32), or read
+// from the cache's F16 rows by each row. The same values either way, so a row's result does not
+// depend on which.
 template <bool F32>
 struct specgate_fa_block {
-    const specgate_f32x16 (*K32)[SPECGATE_FA_MAX_D/16];
-    const specgate_f32x16 (*V32)[SPECGATE_FA_MAX_D/16];
-    const char * k;
-    const char * v;
-    size_t nbk1, nbv1;
+    const specgate_f32x16 (*f32)[SPECGATE_FA_MAX_D/16];  // F32: the block's rows, read in place
+    const char * f16;                                    // otherwise: the first cell's F16 row, nb1 apart
+    size_t nb1;
 
-    // from the F16 rows (the F32 arrays are read in place)
-    void key(int j, int64_t c, specgate_f32x16 * out) const {
-        specgate_f16x16_load((const ggml_fp16_t *) (k + j*nbk1) + 16*c, out);
-    }
-    void value(int j, int64_t c, specgate_f32x16 * out) const {
-        specgate_f16x16_load((const ggml_fp16_t *) (v + j*nbv1) + 16*c, out);
+    void load(int j, int64_t c, specgate_f32x16 * out) const {
+        specgate_f16x16_load((const ggml_fp16_t *) (f16 + j*nb1) + 16*c, out);
     }
 };
+
+// `cells` F16 rows of n16 16-lane vectors each, nb1 apart, into F32.
+static inline void specgate_fa_convert(const char * f16, size_t nb1, int cells, int64_t n16,
+                                       specgate_f32x16 (*out)[SPECGATE_FA_MAX_D/16]) {
+    for (int j = 0; j < cells; ++j) {
+        for (int64_t c = 0; c < n16; ++c) {
+            specgate_f16x16_load((const ggml_fp16_t *) (f16 + j*nb1) + 16*c, &out[j][c]);
+        }
+    }
+}
 
 // The scores of up to 16 consecutive cells from j0 (0 past n): per cell 16-lane FMAs over the head's
 // dimensions, then its 16 lanes summed in one fixed order.
@@ -94,15 +99,15 @@ static inline void specgate_scores16(const specgate_f32x16 * Q, int64_t nk, cons
             continue;
         }
         if constexpr (F32) {
-            p[j] = Q[0]*blk.K32[j0 + j][0];
+            p[j] = Q[0]*blk.f32[j0 + j][0];
             for (int64_t c = 1; c < nk; ++c) {
-                p[j] += Q[c]*blk.K32[j0 + j][c];
+                p[j] += Q[c]*blk.f32[j0 + j][c];
             }
         } else {
-            blk.key(j0 + j, 0, &kv);
+            blk.load(j0 + j, 0, &kv);
             p[j] = Q[0]*kv;
             for (int64_t c = 1; c < nk; ++c) {
-                blk.key(j0 + j, c, &kv);
+                blk.load(j0 + j, c, &kv);
                 p[j] += Q[c]*kv;
             }
         }
@@ -219,14 +224,14 @@ static inline void specgate_fa_row_values(specgate_fa_row & row, int64_t nv, con
         S += (ggml_float) w[j];
         const float wj = w[j];
         if constexpr (F32) {
-            const specgate_vn * vr = (const specgate_vn *) blk.V32[j];
+            const specgate_vn * vr = (const specgate_vn *) blk.f32[j];
             for (int64_t c = 0; c < nn; ++c) {
                 acc[c] += wj*vr[c];
             }
         } else {
             for (int64_t c = 0; c < nv; ++c) {
                 specgate_f32x16 vv;
-                blk.value(j, c, &vv);
+                blk.load(j, c, &vv);
                 const specgate_vn * vr = (const specgate_vn *) &vv;
                 for (int h = 0; h < per16; ++h) {
                     acc[c*per16 + h] += wj*vr[h];
@@ -322,14 +327,10 @@ static void specgate_fa_blocked_rows(ggml_tensor * dst, int ir0, int ir1) {
             }
             const char * kb = kh + ic0*nbk1;
             if (share) {
-                for (int j = 0; j < cells; ++j) {
-                    for (int64_t c = 0; c < nk; ++c) {
-                        specgate_f16x16_load((const ggml_fp16_t *) (kb + j*nbk1) + 16*c, &KV32[j][c]);
-                    }
-                }
+                specgate_fa_convert(kb, nbk1, cells, nk, KV32);
             }
-            const specgate_fa_block<true> blk32 = {KV32, nullptr, nullptr, nullptr, 0, 0};
-            const specgate_fa_block<false> blk16 = {nullptr, nullptr, kb, nullptr, nbk1, 0};
+            const specgate_fa_block<true> blk32 = {KV32, nullptr, 0};
+            const specgate_fa_block<false> blk16 = {nullptr, kb, nbk1};
             for (int r = 0; r < n; ++r) {
                 if (!open[r]) {
                     continue;
@@ -361,14 +362,10 @@ static void specgate_fa_blocked_rows(ggml_tensor * dst, int ir0, int ir1) {
             }
             const char * vb = vh + ic0*nbv1;
             if (share) {
-                for (int j = 0; j < cells; ++j) {
-                    for (int64_t c = 0; c < nv; ++c) {
-                        specgate_f16x16_load((const ggml_fp16_t *) (vb + j*nbv1) + 16*c, &KV32[j][c]);
-                    }
-                }
+                specgate_fa_convert(vb, nbv1, cells, nv, KV32);
             }
-            const specgate_fa_block<true> blk32 = {nullptr, KV32, nullptr, nullptr, 0, 0};
-            const specgate_fa_block<false> blk16 = {nullptr, nullptr, nullptr, vb, 0, nbv1};
+            const specgate_fa_block<true> blk32 = {KV32, nullptr, 0};
+            const specgate_fa_block<false> blk16 = {nullptr, vb, nbv1};
             for (int r = 0; r < n; ++r) {
                 if (!open[r]) {
                     continue;
