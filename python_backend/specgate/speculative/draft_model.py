@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specgate.decoding.sampling import SamplingParams, draw, warp
+from specgate.decoding.sampling import SamplingParams, draw, greedy_tokens, warp
 from specgate.decoding.target import Target
 from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
@@ -36,7 +36,7 @@ class DraftModelDrafter(Drafter):
         qs: list[torch.Tensor] = []
         for i in range(k):
             if self.params.greedy:
-                tok = int(logits.argmax())
+                tok = greedy_tokens(logits)[0]
             else:
                 qs.append(warp(logits, self.params))
                 tok = draw(qs[-1], self.gen)

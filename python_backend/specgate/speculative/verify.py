@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specgate.decoding.sampling import draw
+from specgate.decoding.sampling import draw, greedy_tokens
 from specgate.speculative.drafter import DraftTree
 
 
 def verify_greedy(tree: DraftTree, logits: Tensor) -> tuple[list[int], int]:
     """Follow the child whose token is the target's argmax; the argmax where none matches is the bonus."""
-    best = logits.argmax(-1).tolist()
+    best = greedy_tokens(logits)
     tokens, children = tree.tokens.tolist(), tree.children()
     path: list[int] = []
     row = 0
