@@ -14,6 +14,7 @@ static void specgate_vnni_rows_tiles(int KB, const char * RESTRICT A, int64_t ro
     constexpr bool q4_0 = std::is_same<TB, block_q4_0>::value;
     constexpr bool q4_1 = std::is_same<TB, block_q4_1>::value;
     constexpr bool q8_0 = std::is_same<TB, block_q8_0>::value;
+    constexpr int offset = q8_0 ? TILE_N * TILE_K : TILE_N * TILE_K / 2;  // a tile's scales follow its weights
     const __m512i lowMask = _mm512_set1_epi8(0xF);
     const __m512i off4 = _mm512_set1_epi8(8);
     const __m512i off8 = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -57,19 +58,23 @@ static void specgate_vnni_rows_tiles(int KB, const char * RESTRICT A, int64_t ro
                 }
             }
         }
+        __m512i vcomp[MR];  // Q4_0: the one-row kernel's compensation for the offset of 8 (exact), one per row
+        if constexpr (q4_0) {
+            for (int m = 0; m < MR; ++m) {
+                vcomp[m] = _mm512_setzero_si512();
+                for (int k = 0; k < 8; ++k) {
+                    vcomp[m] = _mm512_dpbusd_epi32(vcomp[m], off4, _mm512_set1_epi32(a_ptr[m][k]));
+                }
+            }
+        }
         for (int c = 0; c < NC; ++c) {
-            const int offset = q8_0 ? TILE_N * TILE_K : TILE_N * TILE_K / 2;
             const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (b_ptr[c] + offset)));
             for (int m = 0; m < MR; ++m) {
                 const TA * a = reinterpret_cast<const TA *>(A + m * row_size_A) + i;
                 const __m512 vd1 = _mm512_set1_ps(GGML_CPU_FP16_TO_FP32(a->d));
                 __m512i vs = vsum[m][c];
-                if constexpr (q4_0) {  // the one-row kernel's compensation for the offset of 8 (exact)
-                    __m512i vcomp = _mm512_setzero_si512();
-                    for (int k = 0; k < 8; ++k) {
-                        vcomp = _mm512_dpbusd_epi32(vcomp, off4, _mm512_set1_epi32(a_ptr[m][k]));
-                    }
-                    vs = _mm512_sub_epi32(vs, vcomp);
+                if constexpr (q4_0) {
+                    vs = _mm512_sub_epi32(vs, vcomp[m]);
                 } else if constexpr (q8_0) {
                     vs = _mm512_sub_epi32(vs, _mm512_loadu_si512((const __m512i *) (b_ptr[c] + offset + TILE_N * sizeof(ggml_half))));
                 }
