@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from build.fetch_model import fetch_gguf
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
 from specgate.decoding.model import KVCache, Llama, load_llama
+from specgate.decoding.tree import DraftTree
+from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle_head import EagleHead, greedy_chain, load_eagle_head
 from specgate.speculative.generator import SpeculativeGenerator
 from specgate.speculative.registry import build_drafters
@@ -128,7 +131,9 @@ def evaluate(checkpoint: Path, head_dir: Path, convs: list[dict], n_prompts: int
 def served_tau(cfg: EngineConfig, prompts: list[list[int]], k: int, max_new: int, eos: int) -> dict:
     """tau of the served `eagle` drafter, drafting k every step (no cost curve), on cfg's engine."""
     target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=k)
-    gen = SpeculativeGenerator(target, build_drafters(target, cfg))
+    drafters = build_drafters(target, cfg)
+    node_ms = _time_nodes(drafters["eagle"])
+    gen = SpeculativeGenerator(target, drafters)
     drafts = accepted = 0
     per_pos = [0] * k
     for prompt in tqdm(prompts, desc=f"{cfg.backend} prompts"):
@@ -139,7 +144,23 @@ def served_tau(cfg: EngineConfig, prompts: list[list[int]], k: int, max_new: int
         for d, n in enumerate(stream.stats.accepted_per_position):
             per_pos[d] += n
     return {"engine": f"{cfg.backend} ({target.info.dtype})", "steps": drafts, "tau": 1 + accepted / max(drafts, 1),
-            "chain_accept_per_pos": [n / max(drafts, 1) for n in per_pos]}
+            "chain_accept_per_pos": [n / max(drafts, 1) for n in per_pos], "node_ms": statistics.median(node_ms)}
+
+
+def _time_nodes(drafter: Drafter) -> list[float]:
+    """Each `propose` call's time per drafted node, in ms, appended to the returned list as it runs
+    (the engine's own drafting figure is an EMA, for its budget; this reports the median)."""
+    times: list[float] = []
+    propose = drafter.propose
+
+    def timed(tokens: list[int], features: torch.Tensor, k: int) -> DraftTree:
+        start = time.perf_counter()
+        tree = propose(tokens, features, k)
+        times.append(1000 * (time.perf_counter() - start) / max(len(tree), 1))
+        return tree
+
+    drafter.propose = timed  # type: ignore[method-assign]
+    return times
 
 
 def write_card(path: Path, state: dict, report: dict) -> None:
@@ -230,6 +251,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     ap.add_argument("--engines", default="", help="comma-separated backends (torch, llamacpp) to measure tau through instead")
+    ap.add_argument("--head-dtypes", default="auto",
+                    help="with --engines: comma-separated head weights to measure (auto, int8, bfloat16, float32)")
     a = ap.parse_args()
     if not a.engines:
         print(evaluate(a.checkpoint, a.head, eagle_data.load_sharegpt(), a.prompts, a.k, a.max_new, a.threads))
@@ -237,12 +260,14 @@ def main() -> None:
     tok = eagle_data.load_tokenizer(a.checkpoint)
     prompts = heldout_prompts(tok, eagle_data.load_sharegpt(), a.prompts)
     models = {"torch": a.checkpoint, "llamacpp": fetch_gguf(Path("artifacts/downloads"))}
-    print(f"| engine | steps | tau | drafts reaching position 1..{a.k} |\n|---|---|---|---|")
+    print(f"| engine | head | ms per drafted node | steps | tau | drafts reaching position 1..{a.k} |\n|---|---|---|---|---|---|")
     for backend in a.engines.split(","):
-        cfg = EngineConfig(backend=backend, model=models[backend], num_threads=a.threads, eagle_head_dir=a.head)
-        r = served_tau(cfg, prompts, a.k, a.max_new, tok.convert_tokens_to_ids("<|im_end|>"))
-        print(f"| {r['engine']} | {r['steps']} | {r['tau']:.3f} | {' / '.join(f'{x:.3f}' for x in r['chain_accept_per_pos'])} |",
-              flush=True)
+        for head_dtype in a.head_dtypes.split(","):
+            cfg = EngineConfig(backend=backend, model=models[backend], num_threads=a.threads, eagle_head_dir=a.head,
+                               eagle_head_dtype=head_dtype)
+            r = served_tau(cfg, prompts, a.k, a.max_new, tok.convert_tokens_to_ids("<|im_end|>"))
+            print(f"| {r['engine']} | {head_dtype} | {r['node_ms']:.2f} | {r['steps']} | {r['tau']:.3f} | "
+                  f"{' / '.join(f'{x:.3f}' for x in r['chain_accept_per_pos'])} |", flush=True)
 
 
 if __name__ == "__main__":

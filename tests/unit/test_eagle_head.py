@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from specgate.decoding.model import KVCache, Llama, load_llama
 from specgate.speculative.eagle_head import EagleHead, EagleHeadConfig, greedy_chain, load_eagle_head, save_eagle_head
+from tests.conftest import HEAD as SHIPPED_HEAD
 from tests.unit.tiny_model import tiny_target
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "artifacts/checkpoints/smollm2-135m-instruct"
@@ -105,3 +107,28 @@ def test_real_target_head(tmp_path: Path) -> None:
     with torch.no_grad():
         h = loaded(feats[:, :-1], ids[:, 1:], loaded.new_cache(16, torch.bfloat16), 0)
     assert h.shape == (1, 5, target.cfg.hidden_size) and loaded.draft_logits(h).shape == (1, 5, 8192)
+
+
+@pytest.mark.skipif(not CHECKPOINT.exists(), reason="target checkpoint missing: run `python -m build.fetch_model`")
+def test_int8_head_drafts_as_the_float_head() -> None:
+    """The served int8 head (quantize_int8) picks the float head's draft at nearly every position of
+    real text, keeps `fc` in fp32, and reads a quarter of the float weights' bytes elsewhere."""
+    target = load_llama(CHECKPOINT, torch.float32, max_len=256)
+    ref = load_eagle_head(SHIPPED_HEAD, target.embed.weight, target.lm_head.weight, torch.float32)
+    q = load_eagle_head(SHIPPED_HEAD, target.embed.weight, target.lm_head.weight, torch.float32, int8=True)
+    assert isinstance(q.fc, torch.nn.Linear) and q.fc.weight.dtype == torch.float32
+    assert all(not isinstance(m, torch.nn.Linear) for m in (q.layer.qkv, q.layer.o, q.layer.gate_up, q.layer.down, q.lm_head))
+    assert q.dtype == torch.float32 and torch.equal(q.d2t, ref.d2t)
+    text = ("The river rose through the night, and by morning the lower fields were under water. Farmers moved "
+            "their animals to the hills, while the town council met to decide whether the old bridge could still "
+            "carry the trucks that brought food and fuel. Engineers said the stone piers were sound, but the "
+            "wooden deck had rotted in places, so only light vehicles would be allowed to cross until repairs.")
+    ids = torch.tensor([Tokenizer.from_file(str(CHECKPOINT / "tokenizer.json")).encode(text).ids])
+    with torch.no_grad():
+        feats = target(ids, KVCache(target.cfg, 1, 256, torch.float32), torch.tensor([0]), torch.tensor([0]))
+        picks = [head.draft_logits(head.forward_train(feats[:, :-1], ids[:, 1:]))[0].argmax(-1) for head in (ref, q)]
+    # 0.91 here; quantizing `fc` as well agreed at 0.53
+    assert (picks[0] == picks[1]).float().mean() >= 0.85
+    # the greedy pick through draft_token is the argmax, mapped to target ids
+    row = torch.randn(8192)
+    assert q.draft_token(row) == int(q.d2t[row.argmax()])

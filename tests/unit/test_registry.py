@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specgate.algorithms import ALGORITHMS, EAGLE_HEAD_ALGORITHMS, SPEC_ALGORITHMS, check_k
 from specgate.decoding.config import EngineConfig
@@ -35,3 +36,16 @@ def test_unknown_unloaded_or_out_of_range_is_refused(gguf):
         gen.generate([1, 2], 4, algorithm="ngram", k=99)
     for name, spec in ALGORITHMS.items():
         assert check_k(name, None) == spec.default_k and check_k(name, spec.max_k) == spec.max_k
+
+
+def test_eagle_head_weights_follow_the_config(gguf):
+    """auto = int8 where torch has x86's int8 kernels; a named float dtype keeps float weights."""
+    from specgate.speculative.eagle_head import int8_supported
+
+    cfg = EngineConfig(model=gguf, eagle_head_dir=HEAD, max_context=64)
+    target = load_target(cfg, gguf, num_slots=1)
+    for dtype, int8 in (("auto", int8_supported()), ("int8", True), ("float32", False), ("bfloat16", False)):
+        head = build_drafters(target, cfg.model_copy(update={"eagle_head_dtype": dtype}))["eagle"].head
+        quantized = not isinstance(head.lm_head, torch.nn.Linear)
+        assert quantized == int8, dtype
+        assert head.dtype == (torch.float32 if int8 else cfg.torch_dtype if dtype == "auto" else getattr(torch, dtype))

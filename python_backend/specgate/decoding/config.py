@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # torch is imported where a dtype is resolved: rendering a re
 
 Backend = Literal["llamacpp", "torch"]
 DType = Literal["auto", "bfloat16", "float32"]
+HeadDType = Literal["auto", "int8", "bfloat16", "float32"]
 
 
 class CalibrationOverride(BaseModel):
@@ -64,6 +65,11 @@ class EngineConfig(BaseModel):
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")
     eagle_head_dir: Path | None = None
+    # A drafted node is one row through the head's products; in int8 it cost about half of bf16's
+    # time on an AMX Xeon (docs/speculative.md, "EAGLE"). Drafts are proposals: output is unchanged.
+    eagle_head_dtype: HeadDType = Field(
+        "auto", description="the EAGLE head's weights; auto = int8 where torch has x86's int8 kernels, else `dtype`"
+    )
     # Measurements spec_engine pins instead of taking (tests, or an operator): specgate.cost_model.calibration.
     calibration_override: CalibrationOverride | None = None
     # Where spec_engine writes its calibration (cost curve, break-even rates) for the gate to read.
@@ -83,6 +89,19 @@ class EngineConfig(BaseModel):
         if self.dtype == "auto":
             return torch.bfloat16 if machine().native_bf16 else torch.float32
         return getattr(torch, self.dtype)
+
+    @property
+    def eagle_head_int8(self) -> bool:
+        from specgate.speculative.eagle_head import int8_supported
+
+        return self.eagle_head_dtype == "int8" or (self.eagle_head_dtype == "auto" and int8_supported())
+
+    @property
+    def eagle_head_torch_dtype(self) -> torch.dtype:
+        """The head's dtype when it is not int8."""
+        import torch
+
+        return self.torch_dtype if self.eagle_head_dtype in ("auto", "int8") else getattr(torch, self.eagle_head_dtype)
 
     @property
     def threads(self) -> int:

@@ -24,7 +24,7 @@ class EagleBase(Drafter):
     def __init__(self, head: torch.nn.Module, vocab_size: int, max_len: int) -> None:
         self.head = head
         self.vocab_size = vocab_size
-        self.cache = head.new_cache(max_len, next(head.parameters()).dtype)
+        self.cache = head.new_cache(max_len, head.dtype)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
         super().begin(prompt_ids, params, gen)
@@ -54,7 +54,7 @@ class EagleDrafter(EagleBase):
         for i in range(k):
             logits = self.head.draft_logits(feat[0, -1])
             if self.params.greedy:
-                tok = int(self.head.d2t[logits.argmax()])
+                tok = self.head.draft_token(logits)
             else:
                 qs.append(self._to_target(warp(logits, self.params)))
                 tok = draw(qs[-1], self.gen)

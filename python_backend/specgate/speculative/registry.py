@@ -22,7 +22,7 @@ def build_drafters(target: Target, cfg: EngineConfig) -> dict[str, Drafter]:
         drafters.append(DraftModelDrafter(load_target(cfg, cfg.draft_model, num_slots=1), vocab))
     if cfg.eagle_head_dir is not None:
         embed, lm_head = target.embeddings()
-        head = load_eagle_head(cfg.eagle_head_dir, embed, lm_head, cfg.torch_dtype)
+        head = load_eagle_head(cfg.eagle_head_dir, embed, lm_head, cfg.eagle_head_torch_dtype, int8=cfg.eagle_head_int8)
         drafters += [
             EagleDrafter(head, vocab, max_len),
             Eagle2Drafter(head, vocab, max_len),
