@@ -31,13 +31,19 @@ whatever its size, and kernels that make that cheap:
   through llamacpp_kernels/amx_vnni_rows.cpp, which loads and unpacks each weight tile once for all
   of them (ggml's VNNI kernels read one row).
 
+Beside the kernels, one edit to llama.cpp itself: a context keeps the graph of each recent decode
+shape with the scheduler that allocated it, where upstream keeps only the last one
+(llamacpp_kernels/kept_graphs.cpp). Speculative decoding alternates shapes, and every change built
+and allocated a graph again, about 0.4 ms of a 2.5-3 ms decode. The same graph runs the same
+kernels, so this changes no result.
+
 `ggml_cpu_set_tile_kernels(false)` turns the tile kernels and the blocked attention off again (the
 per-row kernels of the earlier exact mode), so a benchmark can measure one against the other in
 one process. Off by default: batch invariance; on by default: the tile kernels.
 
 Each edit names the exact upstream text it replaces and fails loudly if that text is missing, so a
-version bump cannot silently drop one. Whole new kernels live in llamacpp_kernels/ and are inserted
-before a named upstream line.
+version bump cannot silently drop one. Whole new kernels (and kept_graphs.cpp) live in
+llamacpp_kernels/ and are inserted before a named upstream line.
 """
 
 from __future__ import annotations
@@ -96,10 +102,10 @@ bool ggml_cpu_tile_kernels(void) {
 
 """
 
-# (file under vendor/llama.cpp/ggml, upstream text, replacement): each upstream text occurs once.
+# (file under vendor/llama.cpp, upstream text, replacement): each upstream text occurs once.
 EDITS: tuple[tuple[str, str, str], ...] = (
     (
-        "include/ggml-cpu.h",
+        "ggml/include/ggml-cpu.h",
         "    GGML_BACKEND_API void ggml_backend_cpu_set_use_ref(ggml_backend_t backend_cpu, bool use_ref);\n",
         "    GGML_BACKEND_API void ggml_backend_cpu_set_use_ref(ggml_backend_t backend_cpu, bool use_ref);\n"
         "\n"
@@ -110,37 +116,37 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "    GGML_BACKEND_API void ggml_cpu_set_tile_kernels(bool on);\n"
         "    GGML_BACKEND_API bool ggml_cpu_tile_kernels(void);\n",
     ),
-    ("src/ggml-cpu/ggml-cpu.c", "void ggml_compute_forward_mul_mat(\n", _SWITCHES + "void ggml_compute_forward_mul_mat(\n"),
+    ("ggml/src/ggml-cpu/ggml-cpu.c", "void ggml_compute_forward_mul_mat(\n", _SWITCHES + "void ggml_compute_forward_mul_mat(\n"),
     (
-        "src/ggml-cpu/ggml-cpu.c",
+        "ggml/src/ggml-cpu/ggml-cpu.c",
         "    // block-tiling attempt\n    const int64_t blck_0 = 16;\n    const int64_t blck_1 = 16;\n",
         _TILE_HOOK + "    // block-tiling attempt\n    const int64_t blck_0 = 16;\n    const int64_t blck_1 = 16;\n",
     ),
     (
-        "src/ggml-cpu/ggml-cpu.c",
+        "ggml/src/ggml-cpu/ggml-cpu.c",
         "    if (ggml_compute_forward_mul_mat_tiled(params, dst)) {\n",
         "    if (!ggml_cpu_batch_invariant() && ggml_compute_forward_mul_mat_tiled(params, dst)) {\n",
     ),
     (
-        "src/ggml-cpu/ggml-cpu.c",
+        "ggml/src/ggml-cpu/ggml-cpu.c",
         "    if (src1_cont) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)\n",
         "    if (src1_cont && !ggml_cpu_batch_invariant()) {\n        for (int64_t i13 = 0; i13 < ne13; i13++)\n",
     ),
     (
-        "src/ggml-cpu/ggml-cpu.c",
+        "ggml/src/ggml-cpu/ggml-cpu.c",
         "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type) {\n",
         "#if GGML_USE_LLAMAFILE\n    if (src1->type != vec_dot_type && !ggml_cpu_batch_invariant()) {\n",
     ),
-    ("src/ggml-cpu/quants.h", *_insert_before("void ggml_vec_dot_mxfp4_q8_0(", "matmul_tiles.h")),
-    ("src/ggml-cpu/arch/x86/quants.c", *_insert_before("void ggml_vec_dot_mxfp4_q8_0(", "matmul_tiles.c")),
+    ("ggml/src/ggml-cpu/quants.h", *_insert_before("void ggml_vec_dot_mxfp4_q8_0(", "matmul_tiles.h")),
+    ("ggml/src/ggml-cpu/arch/x86/quants.c", *_insert_before("void ggml_vec_dot_mxfp4_q8_0(", "matmul_tiles.c")),
     (
-        "src/ggml-cpu/ops.cpp",
+        "ggml/src/ggml-cpu/ops.cpp",
         "    const bool use_ref = params->use_ref;\n",
         "    const bool use_ref = params->use_ref || ggml_cpu_batch_invariant();\n",
     ),
-    ("src/ggml-cpu/ops.cpp", *_insert_before("static void ggml_compute_forward_flash_attn_ext_f16(\n", "flash_attn_blocked.cpp")),
+    ("ggml/src/ggml-cpu/ops.cpp", *_insert_before("static void ggml_compute_forward_flash_attn_ext_f16(\n", "flash_attn_blocked.cpp")),
     (
-        "src/ggml-cpu/ops.cpp",
+        "ggml/src/ggml-cpu/ops.cpp",
         "            if (use_tiled) {\n"
         "                ggml_compute_forward_flash_attn_ext_tiled(params, dst, ir0, ir1);\n"
         "            } else {",
@@ -150,9 +156,9 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "                specgate_fa_blocked(params, dst, ir0, ir1);\n"
         "            } else {",
     ),
-    ("src/ggml-cpu/amx/mmq.cpp", *_insert_before("#define LAUNCH_TINYGEMM_KERNEL_VNNI(NB_SIZE)", "amx_vnni_rows.cpp")),
+    ("ggml/src/ggml-cpu/amx/mmq.cpp", *_insert_before("#define LAUNCH_TINYGEMM_KERNEL_VNNI(NB_SIZE)", "amx_vnni_rows.cpp")),
     (
-        "src/ggml-cpu/amx/mmq.cpp",
+        "ggml/src/ggml-cpu/amx/mmq.cpp",
         "    if (M == 1) {\n        // MB = 1 and handle 8 tiles in each block\n",
         "    // specgate patch: up to 8 token rows take the one-row (VNNI) kernel's arithmetic; it reduces\n"
         "    // each block as the AMX tiles do (the same bits), and at 2-8 rows it was as fast or faster than\n"
@@ -161,7 +167,7 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "    if (M <= 8) {\n        // MB = 1 and handle 8 tiles in each block\n",
     ),
     (
-        "src/ggml-cpu/amx/mmq.cpp",
+        "ggml/src/ggml-cpu/amx/mmq.cpp",
         "                    int64_t dst_offset  = ggml_batch_offset(dst,  batch_idx, ne2);\n"
         "                    const char * wdata_batch = (const char *)wdata + batch_idx * row_size_A;\n"
         "\n"
@@ -201,14 +207,14 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "                    }\n",
     ),
     (
-        "src/ggml-cpu/amx/mmq.cpp",
+        "ggml/src/ggml-cpu/amx/mmq.cpp",
         "    _tile_loadconfig(&tc);\n    done = true;\n}\n",
         "    // specgate patch: GCC 12's _tile_loadconfig declares an 8-byte read of the config, so the stores of\n"
         "    // rows and colsb were dropped and the first tile load raised SIGILL; this asm reads all 64 bytes\n"
         '    __asm__ volatile("ldtilecfg %0" : : "m"(tc));\n}\n',
     ),
     (
-        "src/ggml-cpu/amx/mmq.cpp",
+        "ggml/src/ggml-cpu/amx/mmq.cpp",
         "inline void ggml_tile_config_init(void) {\n"
         "    static thread_local bool done = false;\n\n"
         "    if (done) {\n"
@@ -218,6 +224,62 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "    // specgate patch: configured at every call, not once per thread: another AMX user on the same\n"
         "    // thread (PyTorch's oneDNN running the EAGLE head in bf16 between decodes) reconfigures the\n"
         "    // tiles, and the next tile load under its configuration raised SIGILL\n",
+    ),
+    (
+        "src/llama-context.h",
+        "    llm_graph_result * gf_res_prev_active = nullptr;\n",
+        "    llm_graph_result * gf_res_prev_active = nullptr;\n"
+        "\n"
+        "    // specgate patch: the graphs of recent decode shapes, each with its scheduler (kept_graphs.cpp)\n"
+        "    struct specgate_kept_graph {\n"
+        "        llm_graph_result_ptr   res;\n"
+        "        ggml_backend_sched_ptr sched;\n"
+        "    };\n"
+        "    std::vector<specgate_kept_graph> specgate_graphs;\n"
+        "    specgate_kept_graph specgate_home; // the context's own, while a kept one is in use\n"
+        "    bool specgate_switch_graph(const llm_graph_params & gparams);\n",
+    ),
+    ("src/llama-context.cpp", *_insert_before("llm_graph_result * llama_context::process_ubatch(", "kept_graphs.cpp")),
+    (
+        "src/llama-context.cpp",
+        "    auto * res = get_gf_res_prev();\n"
+        "    auto * gf  = res->get_gf();\n"
+        "\n"
+        "    // the new graph parameters\n",
+        "    auto * res = get_gf_res_prev();\n"
+        "    // specgate patch: another shape than the last decode's takes the graph kept for it, or a graph of\n"
+        "    // its own while the last one is kept (kept_graphs.cpp)\n"
+        "    if (!graph_reuse_disable && specgate_switch_graph(graph_params(res, ubatch, mctx, gtype))) {\n"
+        "        res = get_gf_res_prev();\n"
+        "    }\n"
+        "    auto * gf  = res->get_gf();\n"
+        "\n"
+        "    // the new graph parameters\n",
+    ),
+    # wherever upstream stops reusing graphs, the kept ones go too
+    (
+        "src/llama-context.cpp",
+        "    for (auto & res : gf_res_prev) {\n        res.reset();\n    }\n",
+        "    for (auto & res : gf_res_prev) {\n        res.reset();\n    }\n"
+        "    specgate_graphs.clear(); specgate_home = {}; // specgate patch\n",
+    ),
+    (
+        "src/llama-context.cpp",
+        "        // reset the previous graph results to make sure that they won't be reused\n",
+        "        // reset the previous graph results to make sure that they won't be reused\n"
+        "        specgate_graphs.clear(); specgate_home = {}; // specgate patch\n",
+    ),
+    (
+        "src/llama-context.cpp",
+        "    // when the scheduler is reset, we cannot reuse old graphs, so we reset the previous graph results\n",
+        "    // when the scheduler is reset, we cannot reuse old graphs, so we reset the previous graph results\n"
+        "    specgate_graphs.clear(); specgate_home = {}; // specgate patch\n",
+    ),
+    (
+        "src/llama-context.cpp",
+        "            // the optimizer graph is allocated outside sched, so the next decode must rebuild\n",
+        "            // the optimizer graph is allocated outside sched, so the next decode must rebuild\n"
+        "            specgate_graphs.clear(); specgate_home = {}; // specgate patch\n",
     ),
 )
 
@@ -229,9 +291,8 @@ def fingerprint() -> str:
 
 def apply(llama_cpp_root: Path) -> None:
     """Apply every edit to an unpacked llama.cpp source tree (vendor/llama.cpp of the sdist)."""
-    ggml = llama_cpp_root / "ggml"
     for rel, old, new in EDITS:
-        path = ggml / rel
+        path = llama_cpp_root / rel
         text = path.read_text()
         if text.count(old) != 1:
             raise SystemExit(f"[setup] error: the batch-invariance patch no longer fits {path} "

@@ -248,3 +248,32 @@ def test_a_bf16_eagle_head_and_llama_cpp_share_a_thread(gguf) -> None:  # noqa: 
 
     run = subprocess.run([sys.executable, "-c", AMX_NEIGHBOURS, str(gguf), str(HEAD)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])
+
+
+def test_kept_graphs_give_what_fresh_graphs_give(gguf, monkeypatch) -> None:  # noqa: ANN001
+    """The patched context keeps a graph per recent decode shape (llamacpp_kernels/kept_graphs.cpp).
+    Decodes that alternate shapes, chains and a tree, across a growing cache (past the 256 cells at
+    which the attention's view of the cache grows), take kept graphs again and give bit for bit the
+    logits of a context that builds every graph anew (upstream's LLAMA_GRAPH_REUSE_DISABLE)."""
+    import llama_cpp
+
+    monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "1")  # read when a context is made
+    fresh = LlamaCppTarget(gguf, MAX_CONTEXT, num_slots=1, threads=2, tree_nodes=16, exact=True)
+    monkeypatch.delenv("LLAMA_GRAPH_REUSE_DISABLE")
+    kept = LlamaCppTarget(gguf, MAX_CONTEXT, num_slots=1, threads=2, tree_nodes=16, exact=True)
+    rng = random.Random(3)
+    prompt = [rng.randrange(100, 40000) for _ in range(200)]
+    tree = DraftTree(torch.tensor([rng.randrange(100, 40000) for _ in PARENTS]), torch.tensor(PARENTS))
+    for target in (fresh, kept):
+        target.prefill(0, prompt, features=False)
+    llama_cpp.llama_perf_context_reset(kept._ctx)
+    for step in range(60):
+        draft = tree if step % 7 == 3 else DraftTree.chain([rng.randrange(100, 40000) for _ in range([0, 2, 0, 4, 1][step % 5])])
+        root, keep = rng.randrange(100, 40000), [0, 1] if len(draft) and step % 2 else [0]
+        got, ref = (target.verify(0, root, draft, features=step % 11 == 5)[0] for target in (kept, fresh))
+        for target in (fresh, kept):
+            target.commit(0, keep)
+        assert torch.equal(got, ref), f"step {step}"
+    assert kept.length(0) > 256
+    # all but the first decode of each shape (and the shapes the growing cache made new) were kept graphs
+    assert llama_cpp.llama_perf_context(kept._ctx).n_reused >= 40

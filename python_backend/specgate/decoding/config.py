@@ -91,19 +91,6 @@ class EngineConfig(BaseModel):
         return getattr(torch, self.dtype)
 
     @property
-    def eagle_head_int8(self) -> bool:
-        from specgate.speculative.eagle_head import int8_supported
-
-        return self.eagle_head_dtype == "int8" or (self.eagle_head_dtype == "auto" and int8_supported())
-
-    @property
-    def eagle_head_torch_dtype(self) -> torch.dtype:
-        """The head's dtype when it is not int8."""
-        import torch
-
-        return self.torch_dtype if self.eagle_head_dtype in ("auto", "int8") else getattr(torch, self.eagle_head_dtype)
-
-    @property
     def threads(self) -> int:
         return self.num_threads or machine().cores
 
