@@ -256,6 +256,14 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "\n"
         "    // the new graph parameters\n",
     ),
+    (
+        "src/llama-context.cpp",
+        "    // wait for any pending asynchronous copies into the output buffers before they are freed\n    synchronize();\n",
+        "    // wait for any pending asynchronous copies into the output buffers before they are freed\n    synchronize();\n"
+        "    if (specgate_home.sched) { // specgate patch: the context's own scheduler, whose size is checked below\n"
+        "        sched = std::move(specgate_home.sched);\n"
+        "    }\n",
+    ),
     # wherever upstream stops reusing graphs, the kept ones go too
     (
         "src/llama-context.cpp",

@@ -97,3 +97,43 @@ def test_no_draw_makes_a_linear_curve_pay_or_a_flat_one_stop() -> None:
         acc = Acceptance(prior=[alpha])
         assert all(choose_budget(LINEAR, acc, FREE, 16, CHAIN, rng) == 0 for _ in range(200))
         assert all(choose_budget(FLAT, acc, FREE, 16, CHAIN, rng) == 16 for _ in range(200))
+
+
+def test_a_drafted_steps_own_cost_counts_against_drafting() -> None:
+    """What a drafted step costs beyond its decode and drafting, above a plain step's own share, is
+    learned from the engine's steps (EngineLedger) and charged to every drafting budget."""
+    from specgate.cost_model.ledger import EngineLedger
+
+    curve = CostCurve(tokens=[1, 2, 3, 4, 8], ms=[10.0, 11.0, 12.0, 13.0, 17.0])
+    acc = Acceptance(prior=[0.3])
+    assert choose_budget(curve, acc, DraftCost(per_node=True), 8, CHAIN) > 0
+    assert choose_budget(curve, acc, DraftCost(per_node=True, step_ms=2.0), 8, CHAIN) == 0
+    ledger = EngineLedger(["ngram"], curve)
+    request = ledger.request("ngram", 5)
+    for _ in range(60):  # plain steps: 0.1 ms beyond the decode; drafted ones: 0.6 beyond decode and drafting
+        request.step(0, 0, 0, 0, drafting_ms=0.0, verify_ms=10.0, step_ms=10.1)
+        request.step(0, 2, 2, 1, drafting_ms=0.2, verify_ms=11.0, step_ms=11.8)
+    assert ledger.plain_extra_ms == pytest.approx(0.1, abs=1e-3)
+    assert ledger.draft_cost["ngram"].step_ms == pytest.approx(0.5, abs=0.02)
+    assert ledger.draft_cost["ngram"](2) == pytest.approx(0.2 + 0.5, abs=0.02)  # n-gram's drafting is per step
+    pinned = DraftCost(per_node=True, ms=1.0, pinned=True)
+    pinned.record(5.0, 2, step_extra_ms=3.0)
+    assert (pinned.ms, pinned.step_ms) == (1.0, 0.0)
+
+
+def test_a_catch_up_is_priced_per_feature_and_spread_over_the_request() -> None:
+    """A drafter's catch-up (EAGLE's head feeding on steps it skipped) is learned per feature, not
+    per node, and charged to drafting now in proportion to the features waiting, spread over the
+    tokens the request has left."""
+    from specgate.cost_model.ledger import EngineLedger
+
+    curve = CostCurve(tokens=[1, 2, 3, 4, 8], ms=[10.0, 11.0, 12.0, 13.0, 17.0])
+    ledger = EngineLedger(["eagle"], curve)
+    request = ledger.request("eagle", 5)
+    request.step(0, 2, 2, 2, drafting_ms=1.0, verify_ms=11.0, step_ms=52.0, catchup_ms=40.0, caught_up=400)
+    assert ledger.draft_cost["eagle"].ms == pytest.approx(0.5)  # per node, without the catch-up
+    assert ledger.catchup_ms_per_feature["eagle"] == pytest.approx(0.2 * 0.1)
+    ledger._explore = None  # the posterior mean, not a draw
+    assert request.budget(0, unseen=0, tokens_left=100) > 0
+    assert request.budget(0, unseen=100_000, tokens_left=100) == 0  # 20 ms a step to catch up on
+    assert request.budget(0, unseen=100_000, tokens_left=10**6) > 0  # the same, spread thin

@@ -152,28 +152,34 @@ class Acceptance:
 
 @dataclass
 class DraftCost:
-    """The drafter's measured time: per node for chain drafters (one call per token), per step for trees."""
+    """The drafter's measured time: per node for chain drafters (one call per token), per step for
+    trees; and what a drafted step costs beyond its decode and its drafting, above a plain step's
+    own share (walking the tree, cutting the rejected cells from the cache, the drafter's accept)."""
 
     per_node: bool
     ms: float = 0.0  # EMA: ms per node, or ms per step
     weight: float = 0.2
     pinned: bool = False  # set by a calibration override: drafts do not update it
+    step_ms: float = 0.0  # EMA: the drafted step's own extra, learned from the engine's steps
 
-    def record(self, elapsed_ms: float, nodes: int) -> None:
+    def record(self, elapsed_ms: float, nodes: int, step_extra_ms: float | None = None) -> None:
         if nodes <= 0 or self.pinned:
             return
         sample = elapsed_ms / nodes if self.per_node else elapsed_ms
         self.ms = sample if self.ms == 0.0 else (1 - self.weight) * self.ms + self.weight * sample
+        if step_extra_ms is not None:  # unclipped, so that timing noise averages out
+            self.step_ms = (1 - self.weight) * self.step_ms + self.weight * step_extra_ms
 
     def __call__(self, n: int) -> float:
-        return 0.0 if n == 0 else self.ms * (n if self.per_node else 1)
+        return 0.0 if n == 0 else self.ms * (n if self.per_node else 1) + max(self.step_ms, 0.0)
 
 
 Depth = Callable[[int], int]  # nodes -> the deepest position they reach (specgate.algorithms.Algorithm.depth)
 
 
 def choose_budget(
-    curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, depth: Depth, rng: random.Random | None = None
+    curve: Costs, acceptance: Acceptance, draft_ms: DraftCost, max_budget: int, depth: Depth, rng: random.Random | None = None,
+    fixed_ms: float = 0.0,
 ) -> int:
     """The budget in [0, max_budget] with the highest expected goodput.
 
@@ -185,13 +191,15 @@ def choose_budget(
 
     A tie between drafting budgets goes to the larger one: a tree's nodes past its depth add
     candidates at each depth, which this model does not credit, and they cost nothing when the curve
-    says so. Drafting at all must pay strictly more than a plain step.
+    says so. Drafting at all must pay strictly more than a plain step. `fixed_ms` is what drafting
+    now costs whatever the budget (a drafter's catch-up on the steps it skipped, spread over the
+    request's remaining steps: cost_model/ledger.py).
     """
     expected = acceptance.expected(depth(max_budget), rng)
     plain = 1.0 / curve.cost(1)
     best, best_goodput = 0, plain
     for n in range(1, max_budget + 1):
-        goodput = (1.0 + expected[depth(n)]) / (curve.cost(n + 1) + draft_ms(n))
+        goodput = (1.0 + expected[depth(n)]) / (curve.cost(n + 1) + draft_ms(n) + fixed_ms)
         if goodput > plain * (1 + 1e-9) and goodput >= best_goodput * (1 - 1e-9):
             best, best_goodput = n, goodput
     return best

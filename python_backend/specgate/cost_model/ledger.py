@@ -1,8 +1,10 @@
 """The speculative engine's books: what drafting costs and buys, kept apart from the decoding loop.
 
 Engine-wide (`EngineLedger`, one per generator): the live cost curve (cost_model/live.py), each
-algorithm's drafting time (an EMA per node or per step, goodput.DraftCost), and the acceptance the
-engine has seen per (algorithm, drafter context), which every request starts from.
+algorithm's drafting time (an EMA per node or per step, goodput.DraftCost) and what its drafted
+steps cost beyond decode and drafting, above a plain step's own share (the tree walk, cutting
+rejected cells, the drafter's accept: DraftCost.step_ms), and the acceptance the engine has seen
+per (algorithm, drafter context), which every request starts from.
 
 Per request (`RequestLedger`): its own acceptance per context, shrunk towards the engine's (at most
 MAX_REQUEST_PRIOR_WEIGHT observations of it), each step's budget from them (goodput.choose_budget),
@@ -31,6 +33,12 @@ class EngineLedger:
         self.set_curve(curve)
         self.draft_cost = {name: DraftCost(per_node=ALGORITHMS[name].draft_cost_per_node) for name in algorithms}
         self.acceptance: dict[tuple[str, int], Acceptance] = {}
+        # EMA of a plain step's time beyond its decode (sampling, the books): a drafted step's own
+        # extra is counted above this (DraftCost.step_ms)
+        self.plain_extra_ms = 0.0
+        # EMA per algorithm of a catch-up's time per target feature (Drafter.catchup_ms): EAGLE's
+        # head feeding on the prompt, or on plain steps, when it drafts again
+        self.catchup_ms_per_feature = {name: 0.0 for name in algorithms}
         self._explore = random.Random(0)  # the budget's posterior draws (choose_budget); never a request's generator
 
     def set_curve(self, curve: CostCurve | None) -> None:
@@ -66,29 +74,44 @@ class RequestLedger:
             )
         return self._acceptance[context]
 
-    def budget(self, context: int) -> int:
+    def budget(self, context: int, unseen: int = 0, tokens_left: int = 1) -> int:
         """Draft nodes for the next step: the budget of highest expected goodput, 0 included (k
-        without a curve)."""
+        without a curve). `unseen`: target features the drafter would catch up on first, a cost
+        that enables the request's remaining steps, so spread over its `tokens_left`."""
         curve = self.engine.curve
         if curve is None:
             return self.k
+        debt = self.engine.catchup_ms_per_feature[self.algorithm] * unseen / max(tokens_left, 1)
         return choose_budget(
             curve, self.acceptance(context), self.engine.draft_cost[self.algorithm], self.k, ALGORITHMS[self.algorithm].depth,
-            self.engine._explore,
+            self.engine._explore, debt,
         )
 
-    def step(self, context: int, nodes: int, depth: int, accepted: int, drafting_ms: float, verify_ms: float) -> float | None:
+    def step(
+        self, context: int, nodes: int, depth: int, accepted: int, drafting_ms: float, verify_ms: float, step_ms: float,
+        catchup_ms: float = 0.0, caught_up: int = 0,
+    ) -> float | None:
         """One verification: `nodes` drafted (0: a plain step) reaching `depth`, `accepted` of them
-        accepted. Returns the request's modelled speedup so far (None without a curve)."""
+        accepted, the step's whole time `step_ms`; `drafting_ms` prices the nodes, `catchup_ms` is the
+        drafter's catching up on earlier steps (Drafter.catchup_ms), counted in what the request spent
+        only, and per feature of the `caught_up` ones for the next budgets. Returns the request's
+        modelled speedup so far (None without a curve)."""
+        engine, cost = self.engine, self.engine.draft_cost[self.algorithm]
+        if catchup_ms > 0 and caught_up > 0 and not cost.pinned:
+            per = engine.catchup_ms_per_feature
+            per[self.algorithm] = (1 - cost.weight) * per[self.algorithm] + cost.weight * catchup_ms / caught_up
+        extra = step_ms - verify_ms - drafting_ms - catchup_ms  # the step's own work beyond its decode and drafting
         if nodes:
-            self.engine.draft_cost[self.algorithm].record(drafting_ms, nodes)
+            cost.record(drafting_ms, nodes, extra - engine.plain_extra_ms)
             self.acceptance(context).record(depth, accepted)
-        curve = self.engine.curve
+        else:
+            engine.plain_extra_ms = (1 - cost.weight) * engine.plain_extra_ms + cost.weight * extra
+        curve = engine.curve
         if curve is None:
             return None
         curve.record_step(1 + nodes, verify_ms)
         self._plain_ms += (accepted + 1) * curve.cost(1)
-        self._spent_ms += curve.cost(1 + nodes) + drafting_ms
+        self._spent_ms += curve.cost(1 + nodes) + drafting_ms + catchup_ms + (max(cost.step_ms, 0.0) if nodes else 0.0)
         return self._plain_ms / self._spent_ms
 
     def close(self) -> None:

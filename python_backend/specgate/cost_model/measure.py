@@ -106,6 +106,7 @@ class Proposer(Protocol):
     def accept(self, tree: DraftTree, path: list[int]) -> None: ...
 
 
+@torch.inference_mode()  # as the engine drafts: with autograd on, the EAGLE head also recorded its graph
 def time_drafter(target: Target, drafter: Proposer, k: int, context: int = 128, steps: int = 8, reps: int = 3, seed: int = 0) -> float:
     """Median drafting time of proposals of k nodes on a random context, per node or per step.
 

@@ -24,6 +24,9 @@ class Drafter(ABC):
 
     name: ClassVar[str]
     uses_features: ClassVar[bool] = False  # reads the target's hidden states (EAGLE)
+    # The part of the last `propose` spent catching up on context from steps it did not draft (the
+    # prompt, plain steps): paid once for all of them, so the engine does not price nodes with it.
+    catchup_ms: float = 0.0
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
         """Reset per-request state. Sampling drafters draw with `params` and `gen`."""

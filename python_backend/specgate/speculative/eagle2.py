@@ -31,7 +31,7 @@ class Eagle2Drafter(EagleBase):
         self.depth, self.top_k = depth, top_k
 
     def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
-        root_feat = self._consume(tokens, features)[0, 0]
+        root_feat = self._consume(tokens, features, k)[0, 0]
         if k == 0:
             return DraftTree.empty()
         tok: list[int] = []

@@ -189,17 +189,20 @@ class SpeculativeGenerator:
     def _step(self, r: _Request) -> list[int]:
         """Draft what pays after the root (r.tokens[-1]), verify it in one pass, keep the accepted
         path; returns the new tokens (the accepted ones and the bonus token, the next root)."""
+        step_start = time.perf_counter()
         target, drafter = self.target, r.drafter
         context = drafter.context(r.tokens)
-        budget = r.ledger.budget(context)
+        unseen = sum(len(f) for f in r.pending)  # features the drafter catches up on when it drafts
+        budget = r.ledger.budget(context, unseen, r.max_new - len(r.out))
         r.stream.stats.draft_budget = budget
         # Draft no more than fits in the cache or than the request still needs.
         budget = min(budget, self.max_len - target.length(SLOT) - 1, r.max_new - len(r.out) - 1)
-        tree, drafting_ms = NO_DRAFT, 0.0
+        tree, drafting_ms, catchup_ms = NO_DRAFT, 0.0, 0.0
         if budget > 0:
             start = time.perf_counter()
             tree = drafter.propose(r.tokens, torch.cat(r.pending) if r.pending else torch.empty(0), budget)
-            drafting_ms = 1000 * (time.perf_counter() - start)
+            catchup_ms = drafter.catchup_ms
+            drafting_ms = 1000 * (time.perf_counter() - start) - catchup_ms
             r.pending = []
         logits, hidden = target.verify(SLOT, r.tokens[-1], tree, drafter.uses_features)
         if not len(tree):  # what verifying an empty tree draws, without walking one
@@ -216,7 +219,8 @@ class SpeculativeGenerator:
             drafter.accept(tree, path)
             r.stream.stats.record(len(tree), len(path))
         depth = int(tree.depth.max()) if len(tree) else 0
-        speedup = r.ledger.step(context, len(tree), depth, len(path), drafting_ms, target.last_verify_ms)
+        step_ms = 1000 * (time.perf_counter() - step_start)
+        speedup = r.ledger.step(context, len(tree), depth, len(path), drafting_ms, target.last_verify_ms, step_ms, catchup_ms, unseen)
         if speedup is not None:
             r.stream.stats.modelled_speedup = speedup
         return (tree.tokens[path].tolist() if path else []) + [bonus]

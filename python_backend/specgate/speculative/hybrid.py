@@ -42,6 +42,7 @@ class HybridDrafter(Drafter):
         chain_k = max(0, min(self.chain_k, k - 1))  # k = 0 (no room left): neither part drafts
         # The tree drafter runs every step even with a small budget: it consumes the new features.
         tree = self.tree.propose(tokens, features, k - chain_k)
+        self.catchup_ms = self.tree.catchup_ms
         chain = self.lookup.propose(tokens, features, chain_k).tokens.tolist() if chain_k > 0 else []
         return merge_chain(tree, chain)
 
