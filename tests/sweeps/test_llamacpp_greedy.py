@@ -136,7 +136,7 @@ def test_random_budgets_give_one_answer(gen, prompts, baseline, monkeypatch) -> 
     """Each step drafts a budget drawn at random (0 included), as the budget controller's posterior
     draws do when serving: the batch shape of every verification changes, the answer does not."""
     rng = random.Random(7)
-    monkeypatch.setattr(RequestLedger, "budget", lambda self, context: rng.randint(0, self.k))
+    monkeypatch.setattr(RequestLedger, "budget", lambda self, *_: rng.randint(0, self.k))
     for algorithm in ("ngram", "eagle2"):
         for i in range(0, NUM_PROMPTS, 5):
             for _ in range(2):

@@ -227,8 +227,9 @@ def quantize_int8(head: EagleHead) -> EagleHead:
     # (20 held-out prompts); with fc in fp32 it accepted the same as the fp32 head.
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     spec = {name: qconfig for name, m in head.named_modules() if isinstance(m, nn.Linear) and name != "fc"}
-    with warnings.catch_warnings():  # the deprecation, known and answered above, once per load
+    with warnings.catch_warnings():  # the deprecations, known and answered above, once per load
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated", category=UserWarning)
+        warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
         return torch.ao.quantization.quantize_dynamic(head, spec, inplace=True)
 
 
