@@ -150,6 +150,11 @@ class Acceptance:
                       for i in range(n)]
 
 
+def ema(mean: float, sample: float, weight: float) -> float:
+    """An exponential moving average's next value: `sample` counts `weight`, the history the rest."""
+    return (1 - weight) * mean + weight * sample
+
+
 @dataclass
 class DraftCost:
     """The drafter's measured time: per node for chain drafters (one call per token), per step for
@@ -166,9 +171,9 @@ class DraftCost:
         if nodes <= 0 or self.pinned:
             return
         sample = elapsed_ms / nodes if self.per_node else elapsed_ms
-        self.ms = sample if self.ms == 0.0 else (1 - self.weight) * self.ms + self.weight * sample
+        self.ms = sample if self.ms == 0.0 else ema(self.ms, sample, self.weight)
         if step_extra_ms is not None:  # unclipped, so that timing noise averages out
-            self.step_ms = (1 - self.weight) * self.step_ms + self.weight * step_extra_ms
+            self.step_ms = ema(self.step_ms, step_extra_ms, self.weight)
 
     def __call__(self, n: int) -> float:
         return 0.0 if n == 0 else self.ms * (n if self.per_node else 1) + max(self.step_ms, 0.0)

@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable
 
 from specgate.algorithms import ALGORITHMS
-from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget
+from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget, ema
 from specgate.cost_model.live import LiveCurve
 
 MAX_REQUEST_PRIOR_WEIGHT = 32.0  # the most of the engine's evidence a request's acceptance starts with
@@ -99,13 +99,13 @@ class RequestLedger:
         engine, cost = self.engine, self.engine.draft_cost[self.algorithm]
         if catchup_ms > 0 and caught_up > 0 and not cost.pinned:
             per = engine.catchup_ms_per_feature
-            per[self.algorithm] = (1 - cost.weight) * per[self.algorithm] + cost.weight * catchup_ms / caught_up
+            per[self.algorithm] = ema(per[self.algorithm], catchup_ms / caught_up, cost.weight)
         extra = step_ms - verify_ms - drafting_ms - catchup_ms  # the step's own work beyond its decode and drafting
         if nodes:
             cost.record(drafting_ms, nodes, extra - engine.plain_extra_ms)
             self.acceptance(context).record(depth, accepted)
         else:
-            engine.plain_extra_ms = (1 - cost.weight) * engine.plain_extra_ms + cost.weight * extra
+            engine.plain_extra_ms = ema(engine.plain_extra_ms, extra, cost.weight)
         curve = engine.curve
         if curve is None:
             return None
