@@ -36,9 +36,10 @@ class EngineLedger:
         # EMA of a plain step's time beyond its decode (sampling, the books): a drafted step's own
         # extra is counted above this (DraftCost.step_ms)
         self.plain_extra_ms = 0.0
-        # EMA per algorithm of a catch-up's time per target feature (Drafter.catchup_ms): EAGLE's
-        # head feeding on the prompt, or on plain steps, when it drafts again
-        self.catchup_ms_per_feature = {name: 0.0 for name in algorithms}
+        # EMA per algorithm of a catch-up's time per unit of Drafter.backlog (Drafter.catchup_ms):
+        # EAGLE's head feeding on target features, a draft model on tokens, of the prompt or of
+        # plain steps, when it drafts again
+        self.catchup_ms_per_unit = {name: 0.0 for name in algorithms}
         self._explore = random.Random(0)  # the budget's posterior draws (choose_budget); never a request's generator
 
     def set_curve(self, curve: CostCurve | None) -> None:
@@ -76,12 +77,12 @@ class RequestLedger:
 
     def budget(self, context: int, unseen: int = 0, tokens_left: int = 1) -> int:
         """Draft nodes for the next step: the budget of highest expected goodput, 0 included (k
-        without a curve). `unseen`: target features the drafter would catch up on first, a cost
+        without a curve). `unseen`: what the drafter would catch up on first (Drafter.backlog), a cost
         that enables the request's remaining steps, so spread over its `tokens_left`."""
         curve = self.engine.curve
         if curve is None:
             return self.k
-        debt = self.engine.catchup_ms_per_feature[self.algorithm] * unseen / max(tokens_left, 1)
+        debt = self.engine.catchup_ms_per_unit[self.algorithm] * unseen / max(tokens_left, 1)
         return choose_budget(
             curve, self.acceptance(context), self.engine.draft_cost[self.algorithm], self.k, ALGORITHMS[self.algorithm].depth,
             self.engine._explore, debt,
@@ -94,11 +95,11 @@ class RequestLedger:
         """One verification: `nodes` drafted (0: a plain step) reaching `depth`, `accepted` of them
         accepted, the step's whole time `step_ms`; `drafting_ms` prices the nodes, `catchup_ms` is the
         drafter's catching up on earlier steps (Drafter.catchup_ms), counted in what the request spent
-        only, and per feature of the `caught_up` ones for the next budgets. Returns the request's
+        only, and per unit of the `caught_up` ones for the next budgets. Returns the request's
         modelled speedup so far (None without a curve)."""
         engine, cost = self.engine, self.engine.draft_cost[self.algorithm]
         if catchup_ms > 0 and caught_up > 0 and not cost.pinned:
-            per = engine.catchup_ms_per_feature
+            per = engine.catchup_ms_per_unit
             per[self.algorithm] = ema(per[self.algorithm], catchup_ms / caught_up, cost.weight)
         extra = step_ms - verify_ms - drafting_ms - catchup_ms  # the step's own work beyond its decode and drafting
         if nodes:

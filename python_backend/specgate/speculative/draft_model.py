@@ -6,6 +6,8 @@ draft checkpoint), so any draft that shares the target's vocabulary plugs in.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specgate.decoding.sampling import SamplingParams, draw, greedy_tokens, warp
@@ -14,6 +16,9 @@ from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
 
 SLOT = 0
+# Tokens a drafted step leaves for the next `propose` to feed the draft: the bonus token, and the last
+# accepted draft, which the draft never ran. More is a catch-up (the prompt, plain steps).
+STEP_FEED = 2
 
 
 class DraftModelDrafter(Drafter):
@@ -28,9 +33,16 @@ class DraftModelDrafter(Drafter):
         super().begin(prompt_ids, params, gen)
         self.draft.release(SLOT)
 
+    def backlog(self, tokens: list[int], features: int) -> int:
+        return len(tokens) - self.draft.length(SLOT)
+
     def propose(self, tokens: list[int], features: torch.Tensor, k: int) -> DraftTree:
         # everything the draft has not seen yet, ending with the root
-        logits, _ = self.draft.extend(SLOT, tokens[self.draft.length(SLOT) :], features=False)
+        start, unseen = time.perf_counter(), tokens[self.draft.length(SLOT) :]
+        logits, _ = self.draft.extend(SLOT, unseen, features=False)
+        # A first draft after a 600-token prompt prefills it in the draft: priced per node, that one
+        # extend would make the draft model look too dear to ever draft again (as EAGLE's catch-up did).
+        self.catchup_ms = 1000 * (time.perf_counter() - start) if len(unseen) > STEP_FEED else 0.0
         self.base = len(tokens)
         drafted: list[int] = []
         qs: list[torch.Tensor] = []

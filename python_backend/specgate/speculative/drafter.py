@@ -25,12 +25,18 @@ class Drafter(ABC):
     name: ClassVar[str]
     uses_features: ClassVar[bool] = False  # reads the target's hidden states (EAGLE)
     # The part of the last `propose` spent catching up on context from steps it did not draft (the
-    # prompt, plain steps): paid once for all of them, so the engine does not price nodes with it.
+    # prompt, plain steps): paid once for all of them, so the engine does not price nodes with it
+    # but per unit of `backlog`.
     catchup_ms: float = 0.0
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, gen: torch.Generator) -> None:
         """Reset per-request state. Sampling drafters draw with `params` and `gen`."""
         self.params, self.gen = params, gen
+
+    def backlog(self, tokens: list[int], features: int) -> int:
+        """What the next `propose` would catch up on before drafting, in units its catch-up is priced
+        by: the `features` target features not yet consumed, for a drafter that reads them."""
+        return features if self.uses_features else 0
 
     def context(self, tokens: list[int]) -> int:
         """A class of the coming draft whose acceptance the engine tracks apart (0: one class).

@@ -192,7 +192,7 @@ class SpeculativeGenerator:
         step_start = time.perf_counter()
         target, drafter = self.target, r.drafter
         context = drafter.context(r.tokens)
-        unseen = sum(len(f) for f in r.pending)  # features the drafter catches up on when it drafts
+        unseen = drafter.backlog(r.tokens, sum(len(f) for f in r.pending))  # what drafting first catches up on
         budget = r.ledger.budget(context, unseen, r.max_new - len(r.out))
         r.stream.stats.draft_budget = budget
         # Draft no more than fits in the cache or than the request still needs.
