@@ -222,7 +222,7 @@ class Routes:
             r = self.peer.run(self.ids[i], self.tokens, params.temperature, params.seed or 0, eos)
             return Run(r.tokens, r.tpot_ms)
         if name == "gated":  # as spec_gate does: decide, run on the chosen engine, feed the stats back
-            d = self.gate.decide(RequestInputs(temperature=params.temperature))
+            d = self.gate.decide(RequestInputs(temperature=params.temperature, prompt_tokens=len(self.ids[i])))
             speculative = d.route is Route.SPECULATIVE
             self.decisions.append(d.algorithm if speculative else f"baseline ({d.reason})")
             run = self.run(d.algorithm if speculative else "baseline", i, params)

@@ -58,6 +58,7 @@ def test_json_is_accepted() -> None:
         ("breaker: {open_threshold: 0.7, close_threshold: 0.6}", "close_threshold"),
         ("speculative: {num_speculative_tokens: 9, max_num_speculative_tokens: 8}", "max_num_speculative_tokens"),
         ("breaker: {open_threshold: 0.1}", "both auto or both numbers"),
+        ("breaker: {gain_prompt_classes: [512, 128]}", "gain_prompt_classes must be prompt lengths >= 1 in ascending order"),
         (f"tenants: {{'sha256:{'0' * 64}': {{mode: prod}}}}", "keyed by name"),  # the old format
         ("tenants: {'two words': {}}", "tenants"),
         ("mode: [unclosed", "YAML"),

@@ -428,3 +428,32 @@ def test_a_tenant_whose_acceptance_buys_less_than_min_gain_goes_speculative_only
     assert reasons == [probe, skip, skip, skip, probe, skip, skip, skip]
     served(high)
     assert decide(g)[:2] == ("speculative", "prod")
+
+
+def test_a_tenants_gain_is_judged_per_prompt_length_class(tmp_path: Path) -> None:
+    """One tenant sends summaries of long documents, where drafting pays, and short chat turns, where
+    it does not: each prompt-length class is routed on what the tenant's requests of that class
+    bought, so neither drags the other across min_gain. A class without evidence of its own is
+    judged on the tenant's whole gain."""
+    policy = ("mode: prod\nallow_override: true\nload: {max_in_flight: null}\n"
+              "breaker: {ema_weight: 0.5, min_gain: 1.05, probe_fraction: 0.25, gain_prompt_classes: [100, 1000]}\n")
+    g = make_gate(tmp_path, policy, calibration=_calibration(MILD, {"ngram": 0.05}))
+    long_, short, huge = 500, 20, 3000
+
+    def served(prompt_tokens: int, gain: float) -> None:
+        d = g.decide(RequestInputs(spec_header="prod", prompt_tokens=prompt_tokens))  # opted in: served, not judged
+        g.record_speculative(d, SpecStats(num_drafts=10, draft_tokens=20, accepted_tokens=10, modelled_speedup=gain))
+        g.finish(d)
+
+    for prompt_tokens, gain in [(long_, 1.4)] * 3 + [(short, 0.9)] * 3:
+        served(prompt_tokens, gain)
+    whole = g.breakers.snapshot("org").gain
+    assert whole is not None and whole < 1.05  # the tenant as a whole: short of min_gain
+    assert [decide(g, prompt_tokens=long_)[:2] for _ in range(3)] == [("speculative", "prod")] * 3
+    probe, skip = ("speculative", "gain_probe"), ("baseline", "no_gain")
+    assert [decide(g, prompt_tokens=short)[:2] for _ in range(5)] == [probe, skip, skip, skip, probe]
+    assert [decide(g, prompt_tokens=huge)[:2] for _ in range(2)] == [probe, skip]  # no evidence: the tenant's gain
+    for _ in range(2):  # the short prompts start to pay: their route comes back
+        served(short, 1.3)
+    assert decide(g, prompt_tokens=short)[:2] == ("speculative", "prod")
+

@@ -30,6 +30,11 @@ probes are refused as UNPROVEN (reason `no_gain`) until the first probe verdict,
 judged by the prior (a request that asked for the route itself), whose results count as probes; after
 the verdict it is an ordinary breaker.
 
+The gain EMA is also kept per prompt class of the tenant (BreakerPolicy.prompt_class: prompt lengths),
+fed by the same samples: the gate routes a request on its class's gain once that class has one
+(router.Gate._pays), since one tenant's summaries of long documents may pay where its short chat turns
+do not. The state machine reads only the tenant-wide EMAs.
+
 Entering half_open restarts both EMAs, so recovery is judged on the probes alone, not on the samples
 that opened the circuit. In half_open a bounded fraction (probe_fraction) of the tenant's requests
 is admitted as probes: the 1st, then one more each time admitted/seen falls to the fraction.
@@ -40,7 +45,7 @@ Time comes from an injected `now()` so tests drive cooldowns without sleeping.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
@@ -64,6 +69,16 @@ Transition = Callable[[str, BreakerState, BreakerState], None]
 
 
 @dataclass(slots=True)
+class _ClassGain:
+    """One prompt class of a tenant: its gain EMA, and how many of its requests judged short of
+    min_gain went speculative anyway to keep measuring it."""
+
+    gain: float | None = None
+    judged_short: int = 0
+    explored: int = 0
+
+
+@dataclass(slots=True)
 class _Tenant:
     state: BreakerState = BreakerState.CLOSED
     ema: float | None = None
@@ -74,8 +89,7 @@ class _Tenant:
     opened_at: float = 0.0
     seen: int = 0  # requests seen in the current half-open period
     probes: int = 0  # of which admitted as probes
-    judged_short: int = 0  # closed, requests expected to buy less than min_gain (Gate: no_gain or gain_probe)
-    explored: int = 0  # of which sent speculative to keep measuring (gain_probe)
+    classes: dict[int, _ClassGain] = field(default_factory=dict)  # prompt class -> its gain and exploration
     probe_results: int = 0
     unproven: bool = False  # half-open since first seen, no probe verdict yet
 
@@ -86,6 +100,7 @@ class BreakerSnapshot:
     ema: float | None
     samples: int
     gain: float | None = None
+    class_gain: float | None = None  # the gain EMA of the asked prompt class, None before its first sample
 
 
 class CircuitBreakers:
@@ -124,22 +139,22 @@ class CircuitBreakers:
                 return Admission.PROBE
             return Admission.UNPROVEN if t.unproven else Admission.DENY
 
-    def explore(self, tenant: str, cfg: BreakerPolicy) -> bool:
+    def explore(self, tenant: str, cfg: BreakerPolicy, prompt_class: int = 0) -> bool:
         """A closed tenant's request expected to buy less than min_gain: whether it goes speculative
-        anyway, to keep the tenant's acceptance measured (one in `probe_fraction`, the first at once)."""
+        anyway, to keep its prompt class measured (one in `probe_fraction` per class, the first at once)."""
         with self._lock:
-            t = self._tenants.setdefault(tenant, _Tenant())
-            t.judged_short += 1
-            if t.explored <= cfg.probe_fraction * (t.judged_short - 1) + 1e-9:
-                t.explored += 1
+            c = self._tenants.setdefault(tenant, _Tenant()).classes.setdefault(prompt_class, _ClassGain())
+            c.judged_short += 1
+            if c.explored <= cfg.probe_fraction * (c.judged_short - 1) + 1e-9:
+                c.explored += 1
                 return True
             return False
 
     def record_acceptance(
-        self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy, gain: float | None = None
+        self, tenant: str, accepted: int, drafted: int, cfg: BreakerPolicy, gain: float | None = None, prompt_class: int = 0
     ) -> float | None:
         """Feed one finished speculative request (`gain`: its modelled speedup, where the engine
-        reports one); returns the tenant's acceptance EMA."""
+        reports one; `prompt_class`: its prompt's class); returns the tenant's acceptance EMA."""
         with self._lock:
             t = self._tenants.setdefault(tenant, _Tenant())
             if drafted <= 0 and gain is None:
@@ -152,6 +167,8 @@ class CircuitBreakers:
             if gain is not None:
                 t.gain = gain if t.gain is None else (1.0 - w) * t.gain + w * gain
                 t.gain_samples += 1
+                c = t.classes.setdefault(prompt_class, _ClassGain())
+                c.gain = gain if c.gain is None else (1.0 - w) * c.gain + w * gain
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
                 low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
@@ -176,10 +193,11 @@ class CircuitBreakers:
             ):
                 self._move(tenant, t, BreakerState.OPEN)
 
-    def snapshot(self, tenant: str) -> BreakerSnapshot:
+    def snapshot(self, tenant: str, prompt_class: int = 0) -> BreakerSnapshot:
         with self._lock:
             t = self._tenants.get(tenant) or _Tenant()
-            return BreakerSnapshot(t.state, t.ema, t.samples, t.gain)
+            c = t.classes.get(prompt_class)
+            return BreakerSnapshot(t.state, t.ema, t.samples, t.gain, None if c is None else c.gain)
 
     def _move(self, tenant: str, t: _Tenant, new: BreakerState) -> None:
         old, t.state, t.unproven = t.state, new, False
@@ -187,6 +205,7 @@ class CircuitBreakers:
             t.opened_at = self._now()
         elif new is BreakerState.HALF_OPEN:
             t.ema, t.samples, t.gain, t.gain_samples, t.seen, t.probes, t.probe_results = None, 0, None, 0, 0, 0, 0
+            t.classes = {}
         t.consecutive_failures = 0
         if self._on_transition is not None:
             self._on_transition(tenant, old, new)

@@ -72,6 +72,8 @@ class GateRequest(Protocol):
     def speculative_algorithm(self) -> str | None: ...
     @property
     def num_speculative_tokens(self) -> int | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...  # the prompt's length (0: unknown); its class keys the tenant's gain
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class RequestInputs:
     temperature: float | None = None
     speculative_algorithm: str | None = None
     num_speculative_tokens: int | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class Decision:
     tenant: str  # metric label: 8 hex of an HMAC of the tenant's name under the server secret, or "org"
     probe: bool = False  # admitted as a half-open probe (prod) or a probing mirror (shadow)
     tenant_key: str = ORG  # breaker key: the tenant's name in the key file, or "org"
+    prompt_class: int = 0  # BreakerPolicy.prompt_class of the prompt: its gain is kept apart
 
 
 class GateStats(Protocol):

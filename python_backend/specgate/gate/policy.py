@@ -13,6 +13,7 @@ both. An invalid pair is rejected with a logged reason and the previous one stay
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -74,10 +75,25 @@ class BreakerPolicy(_Strict):
     # speculative route must buy more than its own per-step cost over the baseline's (docs/gate.md,
     # "Breaker"). 1.0 never opens on it.
     min_gain: float = Field(1.03, ge=0.0, le=10.0)
+    # Prompt lengths (tokens) that part a tenant's modelled gain into classes judged apart: what
+    # drafting buys follows what the reply can copy from its prompt (a summary of a long document,
+    # against a short chat turn), and one tenant sends both (docs/gate.md, "Gain by prompt length").
+    gain_prompt_classes: list[int] = Field(default_factory=lambda: [128, 512])
     cooldown_s: float = Field(30.0, ge=0.0)
     probe_fraction: float = Field(0.1, gt=0.0, le=0.5)
     probe_samples: int = Field(5, ge=1)
     failure_threshold: int = Field(3, ge=1)
+
+    @field_validator("gain_prompt_classes")
+    @classmethod
+    def _ascending(cls, v: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(v, v[1:])) or any(x < 1 for x in v):
+            raise ValueError("breaker.gain_prompt_classes must be prompt lengths >= 1 in ascending order")
+        return v
+
+    def prompt_class(self, prompt_tokens: int) -> int:
+        """The class of a prompt of this many tokens: 0 below the first boundary, and so on."""
+        return bisect.bisect_right(self.gain_prompt_classes, prompt_tokens)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> BreakerPolicy:

@@ -35,7 +35,8 @@ at the algorithm's prior acceptance to buy less than `breaker.min_gain`, the ten
 half-open, so a fraction of its requests probe (half_open_probe) and the rest go to the baseline
 (no_gain) until the probes' verdict; the breaker takes it from there. A tenant with evidence (its
 acceptance EMA over `breaker.min_samples` requests, or what spec_engine modelled its requests to
-have bought) is judged the same way on its own evidence, request by request: where that says less
+have bought, kept apart per prompt-length class: breaker.py) is judged the same way on its own
+evidence, request by request: where that says less
 than `min_gain`, only one request in `probe_fraction` goes speculative (gain_probe), so the EMAs
 keep following the tenant, and the rest go to the baseline (no_gain). The breaker opens only below break-even (a gain of 1); between
 break-even and `min_gain` the route costs its own overhead for a gain too small to count on.
@@ -178,8 +179,9 @@ class Gate:
         with self._lock:  # count this request and read the load before it, atomically
             already = self._in_flight
             self._in_flight += 1
-        found = self._route(inputs, policy, tenant, tenant_key, mode, requested is not None, already, cal, algorithm)
-        decision = Decision(found.route, found.reason, found.shadow, algorithm, k, mode, label, found.probe, tenant_key)
+        prompt_class = policy.breaker.prompt_class(inputs.prompt_tokens)
+        found = self._route(inputs, policy, tenant, tenant_key, prompt_class, mode, requested is not None, already, cal, algorithm)
+        decision = Decision(found.route, found.reason, found.shadow, algorithm, k, mode, label, found.probe, tenant_key, prompt_class)
         self._metrics.decision(found.route, found.reason, time.perf_counter() - start)
         self._metrics.in_flight(already + 1)
         return decision
@@ -200,7 +202,7 @@ class Gate:
         )
         ema = self._breakers.record_acceptance(
             decision.tenant_key, stats.accepted_tokens, stats.draft_tokens,
-            self._breaker_policy(self._store.current(), decision.algorithm), stats.modelled_speedup,
+            self._breaker_policy(self._store.current(), decision.algorithm), stats.modelled_speedup, decision.prompt_class,
         )
         if ema is not None:
             self._metrics.acceptance_rate(decision.tenant, ema)
@@ -230,6 +232,7 @@ class Gate:
         policy: Policy,
         tenant: TenantPolicy | None,
         tenant_key: str,
+        prompt_class: int,
         mode: Mode,
         from_request: bool,
         in_flight: int,
@@ -253,14 +256,14 @@ class Gate:
         if judged and not can_pay(cal, algorithm):
             return _baseline(NO_GAIN)
         breaker = self._breaker_policy(policy, algorithm)
-        paying = not judged or self._pays(tenant_key, policy, cal, algorithm, breaker.min_gain)
+        paying = not judged or self._pays(tenant_key, prompt_class, policy, cal, algorithm, breaker.min_gain)
         admission = self._breakers.admit(tenant_key, breaker, lambda: not paying)
         if admission is Admission.UNPROVEN:
             return _baseline(NO_GAIN)
         if admission is Admission.DENY:
             return _baseline(CIRCUIT_OPEN)
         if admission is Admission.ALLOW and not paying:  # its evidence says the route buys too little here
-            if self._breakers.explore(tenant_key, breaker):
+            if self._breakers.explore(tenant_key, breaker, prompt_class):
                 return RouteResult(Route.SPECULATIVE, GAIN_PROBE, probe=True)
             return _baseline(NO_GAIN)
         probe = admission is Admission.PROBE
@@ -283,11 +286,14 @@ class Gate:
             return policy.breaker.pinned(*breaker_thresholds(cal, algorithm))
         return policy.breaker.pinned(FALLBACK_OPEN, FALLBACK_CLOSE)
 
-    def _pays(self, tenant_key: str, policy: Policy, cal: Calibration, algorithm: str, min_gain: float) -> bool:
-        """Whether the route is expected to buy `min_gain` for this tenant: by what its own requests
-        bought (the EMA of spec_engine's modelled speedup) where they reported it, else by the curve
-        at its acceptance EMA once that rests on enough samples, else at the algorithm's prior."""
-        snap = self._breakers.snapshot(tenant_key)
+    def _pays(self, tenant_key: str, prompt_class: int, policy: Policy, cal: Calibration, algorithm: str, min_gain: float) -> bool:
+        """Whether the route is expected to buy `min_gain` for this request: by what the tenant's
+        requests of its prompt class bought (the EMA of spec_engine's modelled speedup), else by what
+        all its requests bought, else by the curve at its acceptance EMA once that rests on enough
+        samples, else at the algorithm's prior."""
+        snap = self._breakers.snapshot(tenant_key, prompt_class)
+        if snap.class_gain is not None:
+            return snap.class_gain >= min_gain
         if snap.gain is not None:
             return snap.gain >= min_gain
         return pays(cal, algorithm, snap.ema if snap.samples >= policy.breaker.min_samples else None, min_gain)

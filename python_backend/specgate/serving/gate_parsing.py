@@ -29,6 +29,7 @@ def parse_gate_request(request: Any, params: dict[str, Any], max_output_len: int
     fields["spec_header"] = None if header is None else str(header)
     fields["request_id"] = request.request_id() or ""
     fields["canary_key"] = content_digest(prompt, fields)
+    fields["prompt_tokens"] = len(prompt)
     return parse_llm_request(fields, max_output_len)
 
 

@@ -32,6 +32,7 @@ class LLMRequest(BaseModel):
     spec_header: str | None = None
     request_id: str = ""
     canary_key: str = ""  # a digest of the request's content (content_digest, below)
+    prompt_tokens: int = 0  # the prompt's length, which the gate keys a tenant's gain by
 
     @field_validator("temperature")
     @classmethod
