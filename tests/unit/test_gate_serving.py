@@ -250,6 +250,17 @@ def test_a_non_streamed_request_gets_exactly_one_response(make_gate: Callable[..
     assert [flags for _, flags in e.client.sent] == [FINAL] and e.client.texts() == ["One answer, all at once."]
 
 
+def test_the_gate_decides_on_the_prompts_length(make_gate: Callable[..., GateModel], handler: dict, tok: PromptTokenizer) -> None:
+    """The router keys a tenant's gain by prompt-length class: the adapter hands it the prompt's length."""
+    handler["target_engine"] = _engine([tok.encode("ok")])
+    gm = make_gate()
+    seen: list[int] = []
+    decide = gm.gate.decide
+    gm.gate.decide = lambda inputs: seen.append(inputs.prompt_tokens) or decide(inputs)  # type: ignore[method-assign]
+    Ensemble(gm, list(range(1, 301)), max_tokens=np.int32(8)).wait()
+    assert seen == [300]
+
+
 def test_the_outbox_coalesces_what_waits_behind_a_slow_client(tok: PromptTokenizer) -> None:
     """The serving thread records the engine's tokens and goes back to the engine: while one send
     waits on the client's round trip, later tokens go out together in the next response."""
