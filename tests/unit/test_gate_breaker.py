@@ -188,3 +188,24 @@ def test_a_tenant_with_evidence_is_not_judged_by_the_prior(br: CircuitBreakers) 
     br.record_acceptance("a", 9, 10, CFG, gain=1.5)  # e.g. a request that asked for prod itself
     assert br.admit("a", CFG, unproven=lambda: True) is Admission.ALLOW
     assert br.admit("b", CFG) is Admission.ALLOW  # the route is expected to pay: closed from the start
+
+
+def test_the_circuit_opens_on_gain_only_where_no_prompt_class_pays(br: CircuitBreakers, clock: Clock) -> None:
+    """Long prompts pay and short ones do not: the gate keeps the short ones on the baseline request by
+    request, so the tenant's circuit stays closed while one class pays; it opens when none does, and
+    its probes close it again when one class pays."""
+    long_, short = 1, 0
+    for _ in range(4):  # the tenant-wide EMA ends below min_gain, the long class's stays above
+        br.record_acceptance("a", 9, 10, CFG, gain=1.4, prompt_class=long_)
+        br.record_acceptance("a", 9, 10, CFG, gain=0.8, prompt_class=short)
+    snap, best = br.snapshot("a", short), br.snapshot("a", long_).class_gain
+    assert snap.gain is not None and snap.gain < CFG.min_gain and snap.class_gain == pytest.approx(0.8)
+    assert snap.state is BreakerState.CLOSED and best == pytest.approx(1.4)
+    for _ in range(3):  # the long prompts stop paying too
+        br.record_acceptance("a", 9, 10, CFG, gain=0.9, prompt_class=long_)
+    assert br.snapshot("a").state is BreakerState.OPEN
+    clock.t += CFG.cooldown_s
+    assert br.admit("a", CFG) is Admission.PROBE
+    br.record_acceptance("a", 9, 10, CFG, gain=0.8, prompt_class=short)
+    br.record_acceptance("a", 9, 10, CFG, gain=1.3, prompt_class=long_)  # one class pays again
+    assert br.snapshot("a").state is BreakerState.CLOSED

@@ -17,10 +17,11 @@ first sample seeds each EMA.
 States (each tenant has its own; tenants never affect one another):
 
     closed    -> open       after >= min_samples samples with alpha < open_threshold, or as many
-                            with gain < min_gain, or failure_threshold consecutive engine failures
+                            with every prompt class's gain < min_gain, or failure_threshold
+                            consecutive engine failures
     open      -> half_open  cooldown_s after opening (checked when the tenant's next request arrives)
     half_open -> closed     after probe_samples probe results with alpha >= close_threshold and
-                            gain >= min_gain (each where measured)
+                            some prompt class's gain >= min_gain (each where measured)
     half_open -> open       after probe_samples probe results otherwise, or on any engine failure
 
 A tenant can also start half-open: where spec_engine's cost curve expects drafting not to pay at the
@@ -33,7 +34,8 @@ the verdict it is an ordinary breaker.
 The gain EMA is also kept per prompt class of the tenant (BreakerPolicy.prompt_class: prompt lengths),
 fed by the same samples: the gate routes a request on its class's gain once that class has one
 (router.Gate._pays), since one tenant's summaries of long documents may pay where its short chat turns
-do not. The state machine reads only the tenant-wide EMAs.
+do not. So the gain rules of the states below read the best class's EMA: the circuit opens on gain only
+where no class of the tenant pays.
 
 Entering half_open restarts both EMAs, so recovery is judged on the probes alone, not on the samples
 that opened the circuit. In half_open a bounded fraction (probe_fraction) of the tenant's requests
@@ -92,6 +94,11 @@ class _Tenant:
     classes: dict[int, _ClassGain] = field(default_factory=dict)  # prompt class -> its gain and exploration
     probe_results: int = 0
     unproven: bool = False  # half-open since first seen, no probe verdict yet
+
+    def best_gain(self) -> float | None:
+        """The gain EMA of the tenant's best prompt class: the route pays for the tenant while it pays
+        for one of its classes (the gate keeps the others on the baseline, request by request)."""
+        return max((c.gain for c in self.classes.values() if c.gain is not None), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +179,15 @@ class CircuitBreakers:
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
                 low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
-                no_gain = t.gain is not None and t.gain_samples >= cfg.min_samples and t.gain < cfg.min_gain
+                best = t.best_gain()
+                no_gain = best is not None and t.gain_samples >= cfg.min_samples and best < cfg.min_gain
                 if low_acceptance or no_gain:
                     self._move(tenant, t, BreakerState.OPEN)
             elif t.state is BreakerState.HALF_OPEN:
                 t.probe_results += 1
                 if t.probe_results >= cfg.probe_samples:
-                    ok = (t.ema is None or t.ema >= cfg.close_threshold) and (t.gain is None or t.gain >= cfg.min_gain)
+                    best = t.best_gain()
+                    ok = (t.ema is None or t.ema >= cfg.close_threshold) and (best is None or best >= cfg.min_gain)
                     self._move(tenant, t, BreakerState.CLOSED if ok else BreakerState.OPEN)
             # OPEN: results of requests admitted before it opened update the EMA only.
             return t.ema
