@@ -17,7 +17,7 @@ SCENARIO ?= all
 USERS ?= 4
 DURATION ?= 60s
 
-.PHONY: setup build-engines serve lint test test-unit soak bench bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
+.PHONY: setup build-engines serve lint test test-unit soak bench bench-baseline bench-engine bench-routes bench-perplexity bench-curve bench-gate bench-batching bench-front bench-report loadtest train-eagle image image-test gpu-smoke clean
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 	@PATH="$$PATH:/usr/sbin" command -v haproxy >/dev/null && command -v prometheus >/dev/null || \
@@ -63,7 +63,13 @@ bench-engine: build-engines  ## speculative algorithms: acceptance, accepted/ste
 	$(VPY) -m bench.engine
 
 bench-curve: build-engines  ## the verification cost curve: exact mode's kernels against the earlier exact mode's and upstream's, alternated in one process
-	$(VPY) -m bench.curve
+	$(VPY) -m bench.curve $(if $(GGUF),--gguf $(GGUF))
+
+bench-routes: build-engines  ## per prompt category through Triton: the default route against speculation off and a clean llama-cpp-python process
+	$(VPY) -m bench.served_routes
+
+bench-perplexity: build-engines  ## perplexity on held-out text of the shipped GGUF and of Q4_0 / Q8_0 made from it (needs the [train] extra)
+	$(VPY) -m bench.perplexity
 
 bench-gate: build-engines  ## gate decision latency and end-to-end overhead
 	$(VPY) -m bench.gate
@@ -77,7 +83,7 @@ bench-front: build-engines  ## TPOT through the OpenAI-compatible front vs llm o
 bench-report: build-engines  ## concurrency sweep through a real server + one Markdown/PNG report of all results
 	$(VPY) -m bench.report
 
-bench: bench-baseline bench-engine bench-curve bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
+bench: bench-baseline bench-engine bench-routes bench-curve bench-gate bench-batching bench-front bench-report  ## everything, then results/report/
 
 loadtest: setup  ## Locust against a running server (make serve): SCENARIO=all|baseline|speculative|gated|mixed-temperature USERS= DURATION=
 	$(VPY) -m loadtest.run --scenario $(SCENARIO) --users $(USERS) --duration $(DURATION)

@@ -12,11 +12,11 @@ earlier exact mode. A negative control shows the probe sees the difference exact
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
+from specgate.decoding.gguf_format import requantized
 from specgate.decoding.llamacpp_native import native
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.decoding.tree import DraftTree
@@ -56,28 +56,11 @@ def _in_a_batch(target: LlamaCppTarget, prefix: list[int]) -> torch.Tensor:
     return out
 
 
-def quantized(gguf: Path, ftype: str) -> Path:
-    """The shipped GGUF requantized to `ftype` (Q4_0 or Q8_0) by llama.cpp, once per test run's artifacts."""
-    import llama_cpp
-
-    out = TEST_OUT / f"{gguf.stem}.{ftype}.gguf"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-        params.allow_requantize = True
-        tmp = out.with_suffix(".tmp")
-        if llama_cpp.llama_model_quantize(str(gguf).encode(), str(tmp).encode(), params) != 0:
-            pytest.fail(f"llama_model_quantize could not make {ftype} from {gguf}")
-        tmp.rename(out)
-    return out
-
-
 @pytest.fixture(scope="module", params=["Q4_1", "Q4_0", "Q8_0"])
 def exact_targets(gguf, request) -> tuple[LlamaCppTarget, LlamaCppTarget]:  # noqa: ANN001
     """(one that verifies trees, one that batches 8 sequences), both exact, on the shipped file or
     one made from it."""
-    path = gguf if request.param == "Q4_1" else quantized(gguf, request.param)
+    path = gguf if request.param == "Q4_1" else requantized(gguf, request.param, TEST_OUT)
     targets = (
         LlamaCppTarget(path, MAX_CONTEXT, num_slots=1, threads=2, tree_nodes=64, exact=True),
         LlamaCppTarget(path, MAX_CONTEXT, num_slots=8, threads=2, exact=True),
