@@ -24,6 +24,11 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def tpot_ms(times: list[float], n: int) -> float:
+    """Time per token after the first: (last emission - first emission) / (tokens - 1)."""
+    return 1000 * (times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else float("nan")
+
+
 BATCHING_BAR = 0.9  # issue 50 (issue 24 had asked 0.8)
 
 

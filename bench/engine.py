@@ -43,7 +43,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from bench.common import ROOT, machine_lines, machine_record, median, spread, write_results
+from bench.common import ROOT, machine_lines, machine_record, median, spread, tpot_ms, write_results
 from bench.peer import Peer
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.algorithms import ALGORITHMS
@@ -80,7 +80,7 @@ class Run:
 def run_baseline(target: Target, ids: list[int], n: int, params: SamplingParams, eos: int) -> Run:
     times: list[float] = []
     tokens = plain_decode(target, ids, n, params, eos, on_token=lambda _: times.append(time.perf_counter()))
-    return Run(tokens, _tpot_ms(times, len(tokens)))
+    return Run(tokens, tpot_ms(times, len(tokens)))
 
 
 def run_spec(gen: SpeculativeGenerator, algorithm: str, ids: list[int], n: int, params: SamplingParams) -> Run:
@@ -92,18 +92,13 @@ def run_spec(gen: SpeculativeGenerator, algorithm: str, ids: list[int], n: int, 
         times.append(time.perf_counter())
         tokens += block
         steps += 1
-    return Run(tokens, _tpot_ms(times, len(tokens)), stream.stats, steps)
+    return Run(tokens, tpot_ms(times, len(tokens)), stream.stats, steps)
 
 
 def median_run(runs: list[Run]) -> Run:
     """The run of median TPOT (the lower middle one of an even count)."""
     ranked = sorted(runs, key=lambda r: (math.isnan(r.tpot_ms), r.tpot_ms))
     return ranked[(len(ranked) - 1) // 2]
-
-
-def _tpot_ms(times: list[float], n: int) -> float:
-    """Time per token after the first: (last emission - first emission) / (tokens - 1)."""
-    return 1000 * (times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else float("nan")
 
 
 # -- the benchmark -----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from bench.baseline import CKPT, GGUF, MAX_CONTEXT
-from bench.common import ROOT, machine_lines, machine_record, running_server, spread, wait_quiet, write_results
+from bench.common import ROOT, machine_lines, machine_record, running_server, spread, tpot_ms, wait_quiet, write_results
 from bench.peer import DecodeProcess
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.decoding.config import EngineConfig
@@ -55,8 +55,7 @@ def served(client: HttpClient, prompt: str, tokens: int, mode: str | None) -> Ru
     chunks = list(client.stream(prompt, GenerateParams(max_tokens=tokens), spec_mode=mode))
     times = [c.t for c in chunks if c.text]
     n, meta = chunks[-1].meta["num_output_tokens"], chunks[-1].meta
-    tpot = 1000 * (times[-1] - times[0]) / (n - 1) if len(times) > 1 and n > 1 else float("nan")
-    return Run("".join(c.text for c in chunks), tpot, str(meta.get("route")), str(meta.get("gate_reason")),
+    return Run("".join(c.text for c in chunks), tpot_ms(times, n), str(meta.get("route")), str(meta.get("gate_reason")),
                int(meta.get("num_draft_tokens") or 0), int(meta.get("num_accepted_tokens") or 0))
 
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
+from specgate.cost_model.goodput import ema
 from specgate.gate.policy import BreakerPolicy
 
 
@@ -68,6 +69,11 @@ class Admission(str, Enum):
 
 
 Transition = Callable[[str, BreakerState, BreakerState], None]
+
+
+def _seeded_ema(mean: float | None, sample: float, weight: float) -> float:
+    """goodput.ema, with the first sample seeding the average."""
+    return sample if mean is None else ema(mean, sample, weight)
 
 
 @dataclass(slots=True)
@@ -169,13 +175,13 @@ class CircuitBreakers:
             w = cfg.ema_weight
             if drafted > 0:
                 rate = min(max(accepted / drafted, 0.0), 1.0)
-                t.ema = rate if t.ema is None else (1.0 - w) * t.ema + w * rate
+                t.ema = _seeded_ema(t.ema, rate, w)
                 t.samples += 1
             if gain is not None:
-                t.gain = gain if t.gain is None else (1.0 - w) * t.gain + w * gain
+                t.gain = _seeded_ema(t.gain, gain, w)
                 t.gain_samples += 1
                 c = t.classes.setdefault(prompt_class, _ClassGain())
-                c.gain = gain if c.gain is None else (1.0 - w) * c.gain + w * gain
+                c.gain = _seeded_ema(c.gain, gain, w)
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
                 low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
