@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from bench.common import ROOT, machine_lines, machine_record, median, running_server, spread, wait_quiet, write_results
+from bench.common import GGUF, ROOT, machine_lines, machine_record, median, running_server, spread, wait_quiet, write_results
 from bench.peer import DecodeProcess
 from bench.prompts_fixed import DECODE_PROMPTS
 from bench.server_cpu import cpu_by_process
@@ -41,7 +41,6 @@ from specgate.text.tokenizer import PromptTokenizer
 from specgate_client import GenerateParams, HttpClient
 
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
-GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_CONTEXT = 1024
 CHILDREN = ("floor", "peer", "engine")
 SERVED = ("triton-stream", "triton")

@@ -15,11 +15,10 @@ import statistics
 
 import torch
 
-from bench.common import ROOT, machine_lines, machine_record
+from bench.common import GGUF, machine_lines, machine_record
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.decoding.tree import DraftTree
 
-GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PARENTS = [-1, -1, 0, 0, 2, 1, 5]  # a small tree: root -> a, b; a -> c, d; c -> e; b -> f -> g
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the shipped model (build/fetch_model.py)
 
 
 def spread(xs: list[float], fmt: str = ".1f") -> str:
@@ -27,6 +29,19 @@ def median(xs: list[float]) -> float:
 def tpot_ms(times: list[float], n: int) -> float:
     """Time per token after the first: (last emission - first emission) / (tokens - 1)."""
     return 1000 * (times[-1] - times[0]) / (n - 1) if n > 1 and len(times) > 1 else float("nan")
+
+
+class _Timed(Protocol):
+    tpot_ms: float
+
+
+TimedRun = TypeVar("TimedRun", bound=_Timed)
+
+
+def median_run(runs: list[TimedRun]) -> TimedRun:
+    """The run of median TPOT, the lower middle one of an even count; runs without a TPOT (NaN) last."""
+    ranked = sorted(runs, key=lambda r: (math.isnan(r.tpot_ms), r.tpot_ms))
+    return ranked[(len(ranked) - 1) // 2]
 
 
 BATCHING_BAR = 0.9  # issue 50 (issue 24 had asked 0.8)

@@ -25,12 +25,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import ROOT, machine_lines, machine_record, spread, wait_quiet, write_results
+from bench.common import GGUF, machine_lines, machine_record, spread, wait_quiet, write_results
 from specgate.cost_model.measure import measure
 from specgate.decoding.llamacpp_native import native
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 
-GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SIZES = (1, 2, 4, 8, 16)
 PREFILL = 600
 

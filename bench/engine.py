@@ -43,7 +43,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from bench.common import ROOT, machine_lines, machine_record, median, spread, tpot_ms, write_results
+from bench.common import GGUF, ROOT, machine_lines, machine_record, median, median_run, spread, tpot_ms, write_results
 from bench.peer import Peer
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.algorithms import ALGORITHMS
@@ -60,7 +60,6 @@ from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
-GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT = {"llamacpp": GGUF.with_name(f"{GGUF.stem}.draft-4L.gguf"), "torch": ROOT / "artifacts" / "checkpoints" / "smollm2-135m-draft"}
 HEAD = ROOT / "heads" / "smollm2-135m-eagle"
 POLICY = ROOT / "policy" / "default.yaml"
@@ -93,12 +92,6 @@ def run_spec(gen: SpeculativeGenerator, algorithm: str, ids: list[int], n: int, 
         tokens += block
         steps += 1
     return Run(tokens, tpot_ms(times, len(tokens)), stream.stats, steps)
-
-
-def median_run(runs: list[Run]) -> Run:
-    """The run of median TPOT (the lower middle one of an even count)."""
-    ranked = sorted(runs, key=lambda r: (math.isnan(r.tpot_ms), r.tpot_ms))
-    return ranked[(len(ranked) - 1) // 2]
 
 
 # -- the benchmark -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 import llama_cpp  # the structs' layouts only: both builds are llama-cpp-python 0.3.36
 import numpy as np
 
-from bench.common import ROOT, spread
+from bench.common import GGUF, spread
 from specgate.machine import machine
 
 _libc = ctypes.CDLL(None)
@@ -35,7 +35,6 @@ _libc.dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
 _libc.dlerror.restype = ctypes.c_char_p
 RTLD_NOW, LM_ID_NEWLM, RTLD_DI_LMID = 2, -1, 1
 _QUIET = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda *_: None)  # llama.cpp's log lines
-GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class Build:

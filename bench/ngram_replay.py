@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.common import ROOT, machine_lines, machine_record
+from bench.common import GGUF, ROOT, machine_lines, machine_record
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.decoding.plain import plain_decode
@@ -34,7 +34,6 @@ from specgate.decoding.sampling import SamplingParams
 from specgate.speculative.ngram import NgramDrafter
 from specgate.text.tokenizer import PromptTokenizer
 
-GGUF = ROOT / "artifacts" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 
 Propose = Callable[[list[int]], list[int]]

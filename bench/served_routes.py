@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from bench.baseline import CKPT, GGUF, MAX_CONTEXT
-from bench.common import ROOT, machine_lines, machine_record, running_server, spread, tpot_ms, wait_quiet, write_results
+from bench.common import ROOT, machine_lines, machine_record, median_run, running_server, spread, tpot_ms, wait_quiet, write_results
 from bench.peer import DecodeProcess
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.decoding.config import EngineConfig
@@ -107,15 +107,11 @@ def main() -> None:
     write_results(args.name, md, raw)
 
 
-def _median_run(runs: list[Run]) -> Run:
-    return sorted(runs, key=lambda r: r.tpot_ms)[len(runs) // 2]
-
-
 def report(
     args: argparse.Namespace, record: dict, prompts: list, ids: list[list[int]], runs: dict[str, list[list[Run]]]
 ) -> tuple[str, dict]:
     routes = list(runs)
-    best = {r: [_median_run(rs) for rs in runs[r]] for r in routes}
+    best = {r: [median_run(rs) for rs in runs[r]] for r in routes}
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# Routes through Triton per category ({now})",

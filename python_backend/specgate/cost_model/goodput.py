@@ -155,6 +155,12 @@ def ema(mean: float, sample: float, weight: float) -> float:
     return (1 - weight) * mean + weight * sample
 
 
+def seeded_ema(mean: float | None, sample: float, weight: float) -> float:
+    """ema, with the first sample (`mean` None: nothing seen yet) seeding the average instead of
+    being shrunk towards a made-up start."""
+    return sample if mean is None else ema(mean, sample, weight)
+
+
 @dataclass
 class DraftCost:
     """The drafter's measured time: per node for chain drafters (one call per token), per step for

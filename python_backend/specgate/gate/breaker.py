@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from specgate.cost_model.goodput import ema
+from specgate.cost_model.goodput import seeded_ema
 from specgate.gate.policy import BreakerPolicy
 
 
@@ -69,11 +69,6 @@ class Admission(str, Enum):
 
 
 Transition = Callable[[str, BreakerState, BreakerState], None]
-
-
-def _seeded_ema(mean: float | None, sample: float, weight: float) -> float:
-    """goodput.ema, with the first sample seeding the average."""
-    return sample if mean is None else ema(mean, sample, weight)
 
 
 @dataclass(slots=True)
@@ -175,13 +170,13 @@ class CircuitBreakers:
             w = cfg.ema_weight
             if drafted > 0:
                 rate = min(max(accepted / drafted, 0.0), 1.0)
-                t.ema = _seeded_ema(t.ema, rate, w)
+                t.ema = seeded_ema(t.ema, rate, w)
                 t.samples += 1
             if gain is not None:
-                t.gain = _seeded_ema(t.gain, gain, w)
+                t.gain = seeded_ema(t.gain, gain, w)
                 t.gain_samples += 1
                 c = t.classes.setdefault(prompt_class, _ClassGain())
-                c.gain = _seeded_ema(c.gain, gain, w)
+                c.gain = seeded_ema(c.gain, gain, w)
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
                 low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
