@@ -36,6 +36,9 @@ class Calibration(BaseModel):
     algorithms: dict[str, AlgorithmCalibration]
     measured_at: str
     refined_at: str | None = None  # when the engine last corrected it from its own decodes (refined)
+    # measurements it is the median of: this start's and earlier starts' of the same engine on this
+    # machine (cost_model/calibration_history.py)
+    starts: int = 1
 
     @classmethod
     def build(cls, curve: CostCurve, draft_ms: dict[str, float], pinned: set[str], **info: object) -> "Calibration":
@@ -57,7 +60,7 @@ class Calibration(BaseModel):
         pinned = {name for name, a in self.algorithms.items() if a.pinned}
         scale = one_token_ms / self.curve.ms[0]
         curve = self.curve.model_copy(update={"ms": [m * scale for m in self.curve.ms]})
-        info = self.model_dump(include={"backend", "dtype", "threads", "measured_at"})
+        info = self.model_dump(include={"backend", "dtype", "threads", "measured_at", "starts"})
         return Calibration.build(curve, ms, pinned, **info, machine=self.machine, refined_at=at)
 
     def draft_cost(self, algorithm: str) -> DraftCost:
@@ -78,6 +81,7 @@ class Calibration(BaseModel):
         lines = [
             f"calibration on {self.machine.line()}; {self.backend} {self.dtype}, {self.threads} threads",
             f"  verify cost (tokens:ms): {self.curve.table()}" + ("" if self.curve.measured else " (injected)")
+            + ("" if self.starts == 1 else f" (shape: median of {self.starts} starts' measurements)")
             + ("" if self.refined_at is None else f" (rescaled to served one-token decodes, {self.refined_at})")
             + ("" if self.curve.floor_ms is None else f"; floor (bare one-token decode loop) {self.curve.floor_ms:.2f} ms")
             + ("" if self.curve.others is None else f"; others used {100 * self.curve.others:.0f}% of the machine meanwhile"),

@@ -5,7 +5,9 @@ draft-target BLS flow this engine does not batch; `queue_depth` lets the gate's 
 overflow to the batched baseline instead.
 
 The worker also owns calibration (cost_model/measure.py): at start, and again whenever
-`recalibrate` is called, it measures the machine between requests and publishes the result.
+`recalibrate` is called, it measures the machine between requests and publishes the result: at
+start, the median over this start's measurement and the last few starts' of the same engine
+(cost_model/calibration_history.py); when asked, the new measurement alone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specgate.cost_model.calibration import Calibration
+from specgate.cost_model.calibration_history import CalibrationHistory, history_key
 from specgate.cost_model.measure import calibrate
 from specgate.decoding.batch_runner import QueueFull
 from specgate.decoding.config import CalibrationOverride, EngineConfig
@@ -59,6 +62,7 @@ class _Calibrate:
     override: CalibrationOverride | None  # pinned measurements, or None to measure everything
     done: Callable[[Calibration | Exception], None]
     idle_wait_s: float = IDLE_WAIT_S
+    at_load: bool = False  # the start's own calibration: pooled with earlier starts' (else asked for: taken alone)
 
 
 class SpeculativeRunner:
@@ -82,7 +86,7 @@ class SpeculativeRunner:
         self._q: queue.Queue[_Job | _Calibrate | None] = queue.Queue()
         self._hand_over_before = float("-inf")  # jobs enqueued at or before this stop at their next step
         if calibrated:
-            self._q.put(_Calibrate(cfg.calibration_override, lambda _: None, IDLE_WAIT_AT_LOAD_S))
+            self._q.put(_Calibrate(cfg.calibration_override, lambda _: None, IDLE_WAIT_AT_LOAD_S, at_load=True))
         self._thread = threading.Thread(target=self._loop, name="spec-runner", daemon=True)
         self._thread.start()
 
@@ -138,6 +142,9 @@ class SpeculativeRunner:
     def _calibrate(self, item: _Calibrate) -> None:
         try:
             cal = calibrate(self.generator.target, self.generator.drafters, item.override, idle_timeout_s=item.idle_wait_s)
+            if self.cfg.calibration_path is not None and item.override is None:  # measured, nothing pinned
+                history = CalibrationHistory(self.cfg.calibration_path, history_key(self.cfg, cal))
+                cal = history.add(cal) if item.at_load else history.restart(cal)
             self.generator.set_curve(cal.curve)
             for name in cal.algorithms:
                 self.generator.draft_cost[name] = cal.draft_cost(name)
