@@ -38,7 +38,7 @@ from typing import Callable
 from bench.common import ROOT, batching_check, machine_lines, machine_record, median, spread, write_results
 from bench.peer import DecodeProcess
 from bench.prompts import load_prompts
-from specgate.algorithms import ALGORITHMS
+from specgate.algorithms import MAX_TREE_NODES
 from specgate.decoding.batch_runner import BatchRunner
 from specgate.decoding.config import EngineConfig
 from specgate.decoding.loading import load_target
@@ -197,7 +197,7 @@ def build(args: argparse.Namespace) -> Setup:
         "eagle_head_dir": HEAD if (HEAD / "eagle_head.safetensors").exists() else None,
     })
     # every target in the mode the server runs (cfg.exact), as engine_model loads them
-    target = load_target(spec_cfg, model, num_slots=1, tree_nodes=max(a.max_k for a in ALGORITHMS.values()), exact=base.exact)
+    target = load_target(spec_cfg, model, num_slots=1, tree_nodes=MAX_TREE_NODES, exact=base.exact)
     spec = SpeculativeRunner(target, build_drafters(target, spec_cfg), spec_cfg)
     batched_target = load_target(base, model, num_slots=8, exact=base.exact)
     steps = StepLog(batched_target)

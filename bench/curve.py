@@ -7,6 +7,8 @@ In one process, rounds alternated so that the machine's drift hits all alike:
   products and one-chunk attention: `ggml_cpu_set_tile_kernels(false)`);
 - upstream: batch invariance off (what plain llama.cpp runs; not exact across batch sizes).
 
+Each target is loaded as spec_engine loads it (artifacts/engines/cpu/spec_engine.json: context,
+threads; room for the largest draft tree), so that the served calibration can be held against it.
 Per kernel set: cost(1) in ms and cost(T)/cost(1) at T = 2, 4, 8, 16 (cost_model/measure.measure:
 256 cached tokens, a draft step charged the re-plan it causes, repetitions others disturbed measured
 again), the floor (a bare one-token decode loop), and the prefill of a 600-token prompt; medians
@@ -25,12 +27,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import GGUF, machine_lines, machine_record, spread, wait_quiet, write_results
+from bench.common import GGUF, ROOT, machine_lines, machine_record, spread, wait_quiet, write_results
+from specgate.algorithms import MAX_TREE_NODES
+from specgate.cost_model.calibration import Calibration
 from specgate.cost_model.measure import measure
+from specgate.decoding.config import EngineConfig
 from specgate.decoding.llamacpp_native import native
 from specgate.decoding.llamacpp_target import LlamaCppTarget
+from specgate.machine import machine
 
 SIZES = (1, 2, 4, 8, 16)
+SPEC_ENGINE = ROOT / "artifacts" / "engines" / "cpu" / "spec_engine.json"  # make build-engines writes it
 PREFILL = 600
 
 
@@ -62,10 +69,13 @@ class KernelSet:
 
 
 def load(gguf: Path) -> list[KernelSet]:
-    from specgate.machine import machine
+    """Each kernel set's target as spec_engine loads it (its context and threads, room for the largest
+    draft tree), so that what it measures is what the served calibration measured."""
+    served = EngineConfig.load(SPEC_ENGINE)
 
     def target(exact: bool, repack: bool = True) -> LlamaCppTarget:
-        return LlamaCppTarget(gguf, 1024, num_slots=1, threads=machine().cores, tree_nodes=max(SIZES), exact=exact, repack=repack)
+        return LlamaCppTarget(gguf, served.max_context, num_slots=1, threads=served.threads, tree_nodes=MAX_TREE_NODES, exact=exact,
+                              repack=repack)
 
     return [
         KernelSet("exact", target(True), tiles=True),
@@ -105,7 +115,33 @@ def report(sets: list[KernelSet], gguf: Path, record: dict, rounds: int, command
         f"- cost(1) {one:.2f}x the per-row kernels' (<= 1.03: {'met' if one <= 1.03 else 'NOT met'})",
         f"- prefill of {PREFILL} tokens {pre:.2f}x the per-row kernels' (<= 1.0: {'met' if pre <= 1.0 else 'NOT met'})",
     ]
+    if gguf == GGUF:
+        lines += served_calibration(new)
     return "\n".join(lines) + "\n"
+
+
+CALIBRATION_BAR = 0.15  # issue 47: the published cost(T)/cost(1) within 15% of a quiet measurement
+
+
+def served_calibration(exact: KernelSet) -> list[str]:
+    """The calibration the server last published for the gate (make serve, or a benchmark's server on
+    the default repository), held against this run's quiet exact curve."""
+    path = SPEC_ENGINE.with_name("calibration.json")
+    if not path.exists():
+        return ["", f"No served calibration to compare ({path.relative_to(ROOT)} is written by a running spec_engine)."]
+    cal = Calibration.load(path)
+    if cal.machine != machine():
+        return ["", f"The served calibration ({cal.measured_at}) was measured on another machine: {cal.machine.line()}."]
+    apart = {t: cal.curve.ratio(t) / statistics.median(exact.ratios[t]) - 1 for t in SIZES[1:]}
+    worst = max(abs(a) for a in apart.values())
+    return [
+        "",
+        f"The served calibration ({path.relative_to(ROOT)}, measured {cal.measured_at}, median of {cal.starts} start(s)) "
+        "against this run's exact curve:",
+        "- " + "; ".join(f"T={t}: {cal.curve.ratio(t):.2f} ({100 * a:+.0f}%)" for t, a in apart.items()),
+        f"- issue 47: within {100 * CALIBRATION_BAR:.0f}% at every T: {'met' if worst <= CALIBRATION_BAR else 'NOT met'} "
+        f"(at most {100 * worst:.0f}% apart)",
+    ]
 
 
 def main() -> None:

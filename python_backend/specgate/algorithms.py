@@ -65,6 +65,8 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 SPEC_ALGORITHMS: tuple[str, ...] = get_args(SpecAlgorithm)
 EAGLE_HEAD_ALGORITHMS: tuple[str, ...] = tuple(a.name for a in ALGORITHMS.values() if a.needs_eagle_head)
+# The draft tree spec_engine's target must verify in one decode: the largest k of any algorithm.
+MAX_TREE_NODES = max(a.max_k for a in ALGORITHMS.values())
 assert set(SPEC_ALGORITHMS) == set(ALGORITHMS)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from pydantic import BaseModel
 
-from specgate.algorithms import ALGORITHMS
+from specgate.algorithms import MAX_TREE_NODES
 from specgate.contract import (
     PARAM_ALGORITHM,
     PARAM_CALIBRATE,
@@ -345,8 +345,7 @@ class SpeculativeEngineModel(EngineModel):
         from specgate.speculative.registry import build_drafters
         from specgate.speculative.spec_runner import SpeculativeRunner
 
-        tree_nodes = max(ALGORITHMS[name].max_k for name in ALGORITHMS)
-        target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=tree_nodes, exact=cfg.exact)
+        target = load_target(cfg, cfg.model, num_slots=1, tree_nodes=MAX_TREE_NODES, exact=cfg.exact)
         self.cost_gauge = pb_utils.MetricFamily(
             name=VERIFY_COST_METRIC, description="Measured time of one verification decode, by tokens verified",
             kind=pb_utils.MetricFamily.GAUGE,
