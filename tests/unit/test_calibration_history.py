@@ -94,6 +94,13 @@ def test_an_unreadable_history_is_started_again_not_fatal(cfg: EngineConfig) -> 
     assert history.add(_measured(8.0, 1.7, 3.9, 1.5)).starts == 2
 
 
+def test_a_history_it_cannot_write_still_publishes_the_measurement(tmp_path: Path) -> None:
+    history = CalibrationHistory(tmp_path / "gone" / "calibration.json", "key")  # no such folder
+    published = history.add(_measured(8.0, 1.6, 3.6, 1.5))
+    assert published.starts == 1 and published.curve.ratio(2) == pytest.approx(1.6)
+    assert not history.path.exists()
+
+
 def test_the_runner_pools_its_start_and_takes_an_asked_for_measurement_alone(
     cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -109,9 +109,14 @@ class CalibrationHistory:
         return history.measured
 
     def _save(self, measured: list[Calibration]) -> None:
+        """Write the history; a folder it cannot write costs the next start its pooling, not this
+        start its calibration."""
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(_History(key=self.key, measured=measured).model_dump_json(indent=2))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(_History(key=self.key, measured=measured).model_dump_json(indent=2))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("could not keep the calibration history in %s (%s): the next start measures alone", self.path, exc)
 
     def add(self, measurement: Calibration) -> Calibration:
         """A start's own measurement joins the history; returns what to publish (pooled)."""
