@@ -126,9 +126,9 @@ CALIBRATION_BAR = 0.15  # issue 47: the published cost(T)/cost(1) within 15% of 
 def served_calibration(exact: KernelSet) -> list[str]:
     """The calibration the server last published for the gate (make serve, or a benchmark's server on
     the default repository), held against this run's quiet exact curve."""
-    path = SPEC_ENGINE.with_name("calibration.json")
-    if not path.exists():
-        return ["", f"No served calibration to compare ({path.relative_to(ROOT)} is written by a running spec_engine)."]
+    path = EngineConfig.load(SPEC_ENGINE).calibration_path  # where spec_engine publishes it (CALIBRATION_PATH=)
+    if path is None or not path.exists():
+        return ["", f"No served calibration to compare ({path or 'no calibration_path'}: a running spec_engine writes it)."]
     cal = Calibration.load(path)
     if cal.machine != machine():
         return ["", f"The served calibration ({cal.measured_at}) was measured on another machine: {cal.machine.line()}."]
@@ -136,7 +136,7 @@ def served_calibration(exact: KernelSet) -> list[str]:
     worst = max(abs(a) for a in apart.values())
     return [
         "",
-        f"The served calibration ({path.relative_to(ROOT)}, measured {cal.measured_at}, median of {cal.starts} start(s)) "
+        f"The served calibration ({path}, measured {cal.measured_at}, median of {cal.starts} start(s)) "
         "against this run's exact curve:",
         "- " + "; ".join(f"T={t}: {cal.curve.ratio(t):.2f} ({100 * a:+.0f}%)" for t, a in apart.items()),
         f"- issue 47: within {100 * CALIBRATION_BAR:.0f}% at every T: {'met' if worst <= CALIBRATION_BAR else 'NOT met'} "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -151,9 +151,8 @@ class _NoGenerator:
 
 
 def _wait(ready, timeout_s: float = 10.0) -> None:  # noqa: ANN001
-    done = threading.Event()
     for _ in range(int(timeout_s / 0.01)):
         if ready():
             return
-        done.wait(0.01)
+        time.sleep(0.01)
     raise AssertionError("timed out")

@@ -56,12 +56,16 @@ class Calibration(BaseModel):
         (pinned drafting times stay as they were). The curve keeps its measured shape, cost(T)/cost(1),
         and floor: the machine's speed drifts, its shape far less, and served decodes measure the shape
         under whatever else runs (they once published cost(2)/cost(1) = 1.18 against 1.67-1.76 quiet)."""
+        scale = one_token_ms / self.curve.ms[0]
+        return self.rebuilt(self.curve.model_copy(update={"ms": [m * scale for m in self.curve.ms]}), draft_ms, refined_at=at)
+
+    def rebuilt(self, curve: CostCurve, draft_ms: dict[str, float], **changes: object) -> "Calibration":
+        """This calibration on another curve and drafting times (pinned drafting times and those
+        `draft_ms` lacks stay as they were; break-even rates recomputed), with `changes` to its fields."""
         ms = {name: a.draft_ms if a.pinned else draft_ms.get(name, a.draft_ms) for name, a in self.algorithms.items()}
         pinned = {name for name, a in self.algorithms.items() if a.pinned}
-        scale = one_token_ms / self.curve.ms[0]
-        curve = self.curve.model_copy(update={"ms": [m * scale for m in self.curve.ms]})
-        info = self.model_dump(include={"backend", "dtype", "threads", "measured_at", "starts"})
-        return Calibration.build(curve, ms, pinned, **info, machine=self.machine, refined_at=at)
+        info = self.model_dump(include={"backend", "dtype", "threads", "measured_at", "starts", "refined_at"})
+        return Calibration.build(curve, ms, pinned, **{**info, **changes}, machine=self.machine)
 
     def draft_cost(self, algorithm: str) -> DraftCost:
         a = self.algorithms[algorithm]

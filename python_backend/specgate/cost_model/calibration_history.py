@@ -77,16 +77,13 @@ def pooled(measured: list[Calibration]) -> Calibration:
     latest = measured[-1]
     base = latest.curve.ms[0]
     ratios = [statistics.median(c.curve.ms[i] / c.curve.ms[0] for c in measured) for i in range(len(latest.curve.tokens))]
-    curve = latest.curve.model_copy(update={"ms": [base * r for r in ratios]})
     draft_ms = {
-        name: a.draft_ms if a.pinned else base * statistics.median(
+        name: base * statistics.median(
             c.algorithms[name].draft_ms / c.curve.ms[0] for c in measured if name in c.algorithms and not c.algorithms[name].pinned
         )
-        for name, a in latest.algorithms.items()
+        for name, a in latest.algorithms.items() if not a.pinned
     }
-    pinned = {name for name, a in latest.algorithms.items() if a.pinned}
-    info = latest.model_dump(include={"backend", "dtype", "threads", "measured_at"})
-    return Calibration.build(curve, draft_ms, pinned, **info, machine=latest.machine, starts=len(measured))
+    return latest.rebuilt(latest.curve.model_copy(update={"ms": [base * r for r in ratios]}), draft_ms, starts=len(measured))
 
 
 class CalibrationHistory:
