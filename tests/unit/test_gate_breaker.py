@@ -184,6 +184,30 @@ def test_an_unproven_tenant_whose_probes_do_not_pay_opens_and_is_then_an_ordinar
     assert br.admit("a", CFG, unproven=lambda: True) is Admission.DENY
 
 
+def test_a_verdict_weighs_its_probes_alike(br: CircuitBreakers) -> None:
+    """The shipped weight (0.1) and five probes: an odd first probe, a warm-up asking for 8 tokens
+    that drafted nothing (gain 1.0), must not outweigh four that paid 1.08 (a mean of 1.064 against
+    min_gain 1.03). An EMA seeded with the first sample read 1.027 and opened the circuit, as on the
+    Zen 3 EPYC (docs/gate.md, "Circuit breaker")."""
+    cfg = BreakerPolicy(open_threshold=0.3, close_threshold=0.4)
+    assert cfg.ema_weight == 0.1 and cfg.probe_samples == 5
+    assert br.admit("a", cfg, unproven=lambda: True) is Admission.PROBE
+    br.record_acceptance("a", 0, 0, cfg, gain=1.0, prompt_class=1)
+    for _ in range(cfg.probe_samples - 1):
+        br.record_acceptance("a", 7, 10, cfg, gain=1.08, prompt_class=1)
+    snap = br.snapshot("a", 1)
+    assert snap.class_gain == pytest.approx((1.0 + 4 * 1.08) / 5)
+    assert snap.state is BreakerState.CLOSED
+
+
+def test_the_warm_up_mean_becomes_the_ema_after_one_over_weight_samples(br: CircuitBreakers) -> None:
+    cfg = BreakerPolicy(open_threshold=0.0, close_threshold=0.0, ema_weight=0.25, min_samples=100)
+    for rate in (2, 4, 6, 8):  # four samples: their plain mean
+        br.record_acceptance("a", rate, 10, cfg)
+    assert br.snapshot("a").ema == pytest.approx(0.5)
+    assert br.record_acceptance("a", 10, 10, cfg) == pytest.approx(0.75 * 0.5 + 0.25 * 1.0)  # then weight 0.25
+
+
 def test_a_tenant_with_evidence_is_not_judged_by_the_prior(br: CircuitBreakers) -> None:
     br.record_acceptance("a", 9, 10, CFG, gain=1.5)  # e.g. a request that asked for prod itself
     assert br.admit("a", CFG, unproven=lambda: True) is Admission.ALLOW

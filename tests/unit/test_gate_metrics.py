@@ -91,7 +91,7 @@ def test_gate_records_decisions_latency_and_outcomes(tmp_path: Path, pb: InMemor
     gate.record_speculative(decisions[1], SpecStats(draft_tokens=9, accepted_tokens=2))
     assert fams["spec_decode_num_drafts_total"].value() == 2 + 3  # 9 tokens / k=4 -> 3 drafts
     assert fams["spec_decode_num_draft_tokens_total"].value() == 17
-    assert fams["spec_decode_acceptance_rate"].value(tenant=label) == pytest.approx(0.9 * 0.75 + 0.1 * 2 / 9)
+    assert fams["spec_decode_acceptance_rate"].value(tenant=label) == pytest.approx((0.75 + 2 / 9) / 2)  # the mean of the first 1/w
 
     assert fams["spec_gate_cancelled_total"].value() == 0  # at 0 from the start
     gate.record_cancelled()

@@ -155,10 +155,14 @@ def ema(mean: float, sample: float, weight: float) -> float:
     return (1 - weight) * mean + weight * sample
 
 
-def seeded_ema(mean: float | None, sample: float, weight: float) -> float:
-    """ema, with the first sample (`mean` None: nothing seen yet) seeding the average instead of
-    being shrunk towards a made-up start."""
-    return sample if mean is None else ema(mean, sample, weight)
+def warm_ema(mean: float | None, seen: int, sample: float, weight: float) -> float:
+    """ema, warmed up: the plain mean of the samples while they number fewer than 1/weight (`seen`:
+    how many `mean` holds; None: nothing yet), the EMA after. Why not seed it with the first sample:
+    a seeded EMA of weight 0.1 is still more than half its first sample after six more, so one odd
+    first request (a warm-up asking for 8 tokens, which drafted nothing and bought a gain of 1.0)
+    decided a breaker's five-probe verdict against the probes that paid (docs/gate.md, "Circuit
+    breaker")."""
+    return sample if mean is None else ema(mean, sample, max(weight, 1.0 / (seen + 1)))
 
 
 @dataclass

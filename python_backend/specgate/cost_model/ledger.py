@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable
 
 from specgate.algorithms import ALGORITHMS
-from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget, ema, seeded_ema
+from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget, ema, warm_ema
 from specgate.cost_model.live import LiveCurve
 
 MAX_REQUEST_PRIOR_WEIGHT = 32.0  # the most of the engine's evidence a request's acceptance starts with
@@ -40,6 +40,7 @@ class EngineLedger:
         # EAGLE's head feeding on target features, a draft model on tokens, of the prompt or of
         # plain steps, when it drafts again; None until the algorithm first caught up
         self.catchup_ms_per_unit: dict[str, float | None] = {name: None for name in algorithms}
+        self.catchups: dict[str, int] = {name: 0 for name in algorithms}  # samples behind catchup_ms_per_unit
         self._explore = random.Random(0)  # the budget's posterior draws (choose_budget); never a request's generator
 
     def set_curve(self, curve: CostCurve | None) -> None:
@@ -99,8 +100,9 @@ class RequestLedger:
         modelled speedup so far (None without a curve)."""
         engine, cost = self.engine, self.engine.draft_cost[self.algorithm]
         if catchup_ms > 0 and caught_up > 0 and not cost.pinned:
-            per = engine.catchup_ms_per_unit
-            per[self.algorithm] = seeded_ema(per[self.algorithm], catchup_ms / caught_up, cost.weight)
+            per, seen = engine.catchup_ms_per_unit, engine.catchups
+            per[self.algorithm] = warm_ema(per[self.algorithm], seen[self.algorithm], catchup_ms / caught_up, cost.weight)
+            seen[self.algorithm] += 1
         extra = step_ms - verify_ms - drafting_ms - catchup_ms  # the step's own work beyond its decode and drafting
         if nodes:
             cost.record(drafting_ms, nodes, extra - engine.plain_extra_ms)

@@ -11,8 +11,9 @@ engine's cost curve; 1.0 for a request that never drafted). Acceptance alone can
 that pays from one that does not where drafts are rare: a machine whose verification is steep
 drafts only its surest guesses, which are accepted, and decodes plainly the rest of the time, so
 the route costs its own overhead and buys nothing. Weighted per request, not per draft token, so one
-long generation cannot outvote many short ones (what a tenant experiences is per request). The
-first sample seeds each EMA.
+long generation cannot outvote many short ones (what a tenant experiences is per request). Each
+EMA is the plain mean of its samples until they number 1/w (goodput.warm_ema), so that a verdict on
+a few probes weighs them alike.
 
 States (each tenant has its own; tenants never affect one another):
 
@@ -51,7 +52,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from specgate.cost_model.goodput import seeded_ema
+from specgate.cost_model.goodput import warm_ema
 from specgate.gate.policy import BreakerPolicy
 
 
@@ -77,6 +78,7 @@ class _ClassGain:
     min_gain went speculative anyway to keep measuring it."""
 
     gain: float | None = None
+    samples: int = 0  # behind `gain`
     judged_short: int = 0
     explored: int = 0
 
@@ -170,13 +172,14 @@ class CircuitBreakers:
             w = cfg.ema_weight
             if drafted > 0:
                 rate = min(max(accepted / drafted, 0.0), 1.0)
-                t.ema = seeded_ema(t.ema, rate, w)
+                t.ema = warm_ema(t.ema, t.samples, rate, w)
                 t.samples += 1
             if gain is not None:
-                t.gain = seeded_ema(t.gain, gain, w)
+                t.gain = warm_ema(t.gain, t.gain_samples, gain, w)
                 t.gain_samples += 1
                 c = t.classes.setdefault(prompt_class, _ClassGain())
-                c.gain = seeded_ema(c.gain, gain, w)
+                c.gain = warm_ema(c.gain, c.samples, gain, w)
+                c.samples += 1
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
                 low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
