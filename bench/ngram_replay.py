@@ -9,7 +9,7 @@ step, accepted / drafted (the price of each drafted token), and accepted per ste
 
 Drafters:
 - ours: speculative/ngram.py, the latest earlier occurrence of the longest suffix of 1-4 tokens,
-  a chain of k (5, and 16);
+  a chain of k (5, and 16), and k=5 only where that suffix is 3 or 4 tokens long;
 - ngram-mod (llama.cpp PR #19164, as described there): a rolling hash of the last n tokens (24)
   in one table shared across requests, drafting what followed, up to 48 tokens;
 - ngram-map-k4v (llama.cpp PR #18471): up to four continuations per key of the last n tokens (2),
@@ -39,11 +39,14 @@ CKPT = ROOT / "artifacts" / "checkpoints" / "smollm2-135m-instruct"
 Propose = Callable[[list[int]], list[int]]
 
 
-def ours(k: int) -> Callable[[], Propose]:
+def ours(k: int, min_match: int = 1) -> Callable[[], Propose]:
+    """Our drafter, proposing only where the matched suffix is at least `min_match` tokens long (its
+    `context`): the engine prices a draft by that length, so it mostly drafts from long matches."""
+
     def make() -> Propose:
         d = NgramDrafter()
         d.begin([], SamplingParams(), torch.Generator())
-        return lambda tokens: d.propose(tokens, torch.empty(0), k).tokens.tolist()
+        return lambda tokens: d.propose(tokens, torch.empty(0), k).tokens.tolist() if d.context(tokens) >= min_match else []
 
     return make
 
@@ -121,7 +124,8 @@ def main() -> None:
         replies.append((p.category, ids, plain_decode(target, ids, args.tokens, SamplingParams(), target.info.eos_token_id)))
     # per pass over the replies: a drafter for each request (ngram-mod's one table shared by the pass's requests)
     drafters: dict[str, Callable[[], Callable[[], Propose]]] = {
-        "ours k=5": lambda: ours(5), "ours k=16": lambda: ours(16), "ngram-mod n=24": lambda: NgramMod().make,
+        "ours k=5": lambda: ours(5), "ours k=16": lambda: ours(16), "ours k=5, matches of 3+": lambda: ours(5, 3),
+        "ours k=5, matches of 4": lambda: ours(5, 4), "ngram-mod n=24": lambda: NgramMod().make,
         "ngram-map-k4v n=2 k=5": ngram_map_k4v,
     }
     print("\n| drafter | category | drafted/step | accepted/drafted | accepted/step |\n|---|---|---|---|---|")
