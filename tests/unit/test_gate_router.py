@@ -457,3 +457,32 @@ def test_a_tenants_gain_is_judged_per_prompt_length_class(tmp_path: Path) -> Non
         served(short, 1.3)
     assert decide(g, prompt_tokens=short)[:2] == ("speculative", "prod")
 
+
+
+def test_a_class_that_paid_for_other_tenants_admits_a_new_tenant_and_never_holds_one_back(tmp_path: Path) -> None:
+    """On a steep curve n-gram's prior does not pay, so a new tenant starts half-open (one probe, then
+    no_gain). Once other tenants' long prompts bought min_gain, a new tenant's long prompts go
+    speculative at once; its short prompts, where no tenant has shown a gain, are still judged by the
+    prior. Evidence that a class does not pay holds no one back where the prior pays."""
+    policy = ("mode: prod\nallow_override: true\nkey_file: keys.yaml\nload: {max_in_flight: null}\n"
+              "breaker: {ema_weight: 0.5, min_gain: 1.03, probe_fraction: 0.25, probe_samples: 3, gain_prompt_classes: [100, 1000]}\n"
+              "tenants:\n  team-a: {}\n  team-b: {}\n")
+    long_, short = 500, 20
+
+    def served(g: Gate, key: str, prompt_tokens: int, gain: float) -> None:
+        d = g.decide(RequestInputs(spec_header="prod", prompt_tokens=prompt_tokens, api_key=key))  # opted in: not judged
+        g.record_speculative(d, SpecStats(num_drafts=10, draft_tokens=20, accepted_tokens=10, modelled_speedup=gain))
+        g.finish(d)
+
+    steep = make_gate(tmp_path, policy, calibration=_calibration(STEEP, {"ngram": 0.05}))
+    for _ in range(2):
+        served(steep, KEY_A, long_, 1.3)
+    assert decide(steep, prompt_tokens=long_, api_key=KEY_B)[:2] == ("speculative", "half_open_probe")  # 2 < probe_samples: the prior
+    served(steep, KEY_A, long_, 1.3)
+    assert [decide(steep, prompt_tokens=long_, api_key=KEY_B)[:2] for _ in range(3)] == [("speculative", "prod")] * 3
+    assert decide(steep, prompt_tokens=short, api_key=KEY_B)[:2] == ("baseline", "no_gain")  # half-open since its first request
+
+    mild = make_gate(tmp_path, policy, calibration=_calibration(MILD, {"ngram": 0.05}))
+    for _ in range(3):
+        served(mild, KEY_A, short, 0.8)
+    assert decide(mild, prompt_tokens=short, api_key=KEY_B)[:2] == ("speculative", "prod")

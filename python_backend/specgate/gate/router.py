@@ -41,6 +41,11 @@ than `min_gain`, only one request in `probe_fraction` goes speculative (gain_pro
 keep following the tenant, and the rest go to the baseline (no_gain). The breaker opens only below break-even (a gain of 1); between
 break-even and `min_gain` the route costs its own overhead for a gain too small to count on.
 
+Where a tenant has no evidence for a request's prompt class but all tenants' requests of that class
+on its algorithm bought `min_gain` (gate/fleet.py, over `probe_samples` of them), the request is
+judged paying: a new tenant's long prompts go speculative at once where others' long prompts have
+shown prompt lookup paying. That evidence only admits; it never holds a tenant back.
+
 The canary and `no_gain` apply only when `prod` comes from policy (tenant or org): a request that
 asks for `prod` itself has opted in (spec_engine then still drafts only what pays, down to nothing).
 
@@ -90,6 +95,7 @@ from specgate.gate.decision import (
     Route,
     RouteResult,
 )
+from specgate.gate.fleet import FleetGains
 from specgate.gate.labels import TenantLabels
 from specgate.gate.metrics import GateMetrics
 from specgate.gate.policy import FALLBACK_CLOSE, FALLBACK_OPEN, BreakerPolicy, Loaded, Mode, Policy, PolicyStore, TenantPolicy
@@ -140,6 +146,7 @@ class Gate:
         # the adapter's bounded queue (admission.py); limits from the live policy
         self.admission = AdmissionQueue(lambda: self._store.current().admission, self._metrics)
         self._breakers = CircuitBreakers(now, on_transition=self._on_transition)
+        self._fleet = FleetGains()  # every tenant's gain per prompt class: evidence for a class a tenant has none of
         self._lock = threading.Lock()
         self._in_flight = 0
         self._mirrors = 0
@@ -200,10 +207,12 @@ class Gate:
         self._metrics.speculative_stats(
             drafts or 0, stats.draft_tokens, stats.accepted_tokens, stats.accepted_per_position
         )
+        breaker = self._breaker_policy(self._store.current(), decision.algorithm)
         ema = self._breakers.record_acceptance(
-            decision.tenant_key, stats.accepted_tokens, stats.draft_tokens,
-            self._breaker_policy(self._store.current(), decision.algorithm), stats.modelled_speedup, decision.prompt_class,
+            decision.tenant_key, stats.accepted_tokens, stats.draft_tokens, breaker, stats.modelled_speedup, decision.prompt_class,
         )
+        if stats.modelled_speedup is not None:
+            self._fleet.record(decision.algorithm, decision.prompt_class, stats.modelled_speedup, breaker.ema_weight)
         if ema is not None:
             self._metrics.acceptance_rate(decision.tenant, ema)
 
@@ -256,7 +265,7 @@ class Gate:
         if judged and not can_pay(cal, algorithm):
             return _baseline(NO_GAIN)
         breaker = self._breaker_policy(policy, algorithm)
-        paying = not judged or self._pays(tenant_key, prompt_class, policy, cal, algorithm, breaker.min_gain)
+        paying = not judged or self._pays(tenant_key, prompt_class, policy, cal, algorithm, breaker)
         admission = self._breakers.admit(tenant_key, breaker, lambda: not paying)
         if admission is Admission.UNPROVEN:
             return _baseline(NO_GAIN)
@@ -286,14 +295,18 @@ class Gate:
             return policy.breaker.pinned(*breaker_thresholds(cal, algorithm))
         return policy.breaker.pinned(FALLBACK_OPEN, FALLBACK_CLOSE)
 
-    def _pays(self, tenant_key: str, prompt_class: int, policy: Policy, cal: Calibration, algorithm: str, min_gain: float) -> bool:
+    def _pays(self, tenant_key: str, prompt_class: int, policy: Policy, cal: Calibration, algorithm: str, breaker: BreakerPolicy) -> bool:
         """Whether the route is expected to buy `min_gain` for this request: by what the tenant's
-        requests of its prompt class bought (the EMA of spec_engine's modelled speedup), else by what
-        all its requests bought, else by the curve at its acceptance EMA once that rests on enough
-        samples, else at the algorithm's prior."""
+        requests of its prompt class bought (the EMA of spec_engine's modelled speedup); else yes
+        where all tenants' requests of that class bought it (fleet.py: evidence that only admits);
+        else by what all the tenant's requests bought, else by the curve at its acceptance EMA once
+        that rests on enough samples, else at the algorithm's prior."""
+        min_gain = breaker.min_gain
         snap = self._breakers.snapshot(tenant_key, prompt_class)
         if snap.class_gain is not None:
             return snap.class_gain >= min_gain
+        if self._fleet.pays(algorithm, prompt_class, min_gain, breaker.probe_samples):
+            return True
         if snap.gain is not None:
             return snap.gain >= min_gain
         return pays(cal, algorithm, snap.ema if snap.samples >= policy.breaker.min_samples else None, min_gain)
