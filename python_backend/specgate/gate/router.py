@@ -265,7 +265,7 @@ class Gate:
         if judged and not can_pay(cal, algorithm):
             return _baseline(NO_GAIN)
         breaker = self._breaker_policy(policy, algorithm)
-        paying = not judged or self._pays(tenant_key, prompt_class, policy, cal, algorithm, breaker)
+        paying = not judged or self._pays(tenant_key, prompt_class, cal, algorithm, breaker)
         admission = self._breakers.admit(tenant_key, breaker, lambda: not paying)
         if admission is Admission.UNPROVEN:
             return _baseline(NO_GAIN)
@@ -295,7 +295,7 @@ class Gate:
             return policy.breaker.pinned(*breaker_thresholds(cal, algorithm))
         return policy.breaker.pinned(FALLBACK_OPEN, FALLBACK_CLOSE)
 
-    def _pays(self, tenant_key: str, prompt_class: int, policy: Policy, cal: Calibration, algorithm: str, breaker: BreakerPolicy) -> bool:
+    def _pays(self, tenant_key: str, prompt_class: int, cal: Calibration, algorithm: str, breaker: BreakerPolicy) -> bool:
         """Whether the route is expected to buy `min_gain` for this request: by what the tenant's
         requests of its prompt class bought (the EMA of spec_engine's modelled speedup); else yes
         where all tenants' requests of that class bought it (fleet.py: evidence that only admits);
@@ -309,7 +309,7 @@ class Gate:
             return True
         if snap.gain is not None:
             return snap.gain >= min_gain
-        return pays(cal, algorithm, snap.ema if snap.samples >= policy.breaker.min_samples else None, min_gain)
+        return pays(cal, algorithm, snap.ema if snap.samples >= breaker.min_samples else None, min_gain)
 
     def _acceptance(self, tenant_key: str, policy: Policy) -> float | None:
         """The tenant's acceptance EMA, once it rests on enough samples (`auto` picks by it)."""
