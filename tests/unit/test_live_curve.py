@@ -132,9 +132,17 @@ def test_serving_corrects_a_calibration_that_called_drafts_cheap(gguf: Path) -> 
         tables = (t, counts, gen.curve.snapshot().table(), truth.table(), [round(r, 2) for r in rounds], round(served, 2))
         assert served - lie.ratio(t) >= 0.5 * (min(rounds) - lie.ratio(t)), tables
         assert served <= 3 * max(rounds), tables
-    # the first request drafted on the lie; the later ones, on what it learned, draft less on average
-    # (one of them alone can draft more: a stretch of fast decodes under load lowers the curve)
-    assert sum(drafted[1:]) / len(drafted[1:]) < drafted[0], f"draft tokens per request {drafted}"
+    # What the lie drafts unlearned: k at every step where prompt lookup matches, which is what an
+    # engine with no curve does. The later requests, on what was learned, draft less on average (one
+    # of them alone can draft more: a stretch of fast decodes under load lowers the curve). Not
+    # against the first request: it learns as it goes, and on a 2-core EPYC it once drafted 27 against
+    # 31, 30 and 21 after it, while this request unlearned drafts 40.
+    unlearned = SpeculativeGenerator(target, {"ngram": NgramDrafter()}).generate(prompt, 48, algorithm="ngram", k=5)
+    for _ in unlearned:
+        pass
+    assert sum(drafted[1:]) / len(drafted[1:]) < unlearned.stats.draft_tokens, (
+        f"draft tokens per request {drafted}, unlearned {unlearned.stats.draft_tokens}"
+    )
 
 
 def test_the_modelled_speedup_is_what_the_steps_bought_on_the_curve(gguf: Path) -> None:
