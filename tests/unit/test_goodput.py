@@ -132,9 +132,9 @@ def test_a_catch_up_is_priced_per_feature_and_spread_over_the_request() -> None:
     request = ledger.request("eagle", 5)
     request.step(0, 2, 2, 2, drafting_ms=1.0, verify_ms=11.0, step_ms=52.0, catchup_ms=40.0, caught_up=400)
     assert ledger.draft_cost["eagle"].ms == pytest.approx(0.5)  # per node, without the catch-up
-    assert ledger.catchup_ms_per_unit["eagle"] == pytest.approx(0.1)  # the first catch-up is the estimate
+    assert ledger.catchup_ms_per_unit["eagle"].value == pytest.approx(0.1)  # the first catch-up is the estimate
     request.step(0, 2, 2, 2, drafting_ms=1.0, verify_ms=11.0, step_ms=32.0, catchup_ms=20.0, caught_up=400)
-    assert ledger.catchup_ms_per_unit["eagle"] == pytest.approx((0.1 + 0.05) / 2)  # the plain mean while samples < 1/weight
+    assert ledger.catchup_ms_per_unit["eagle"].value == pytest.approx((0.1 + 0.05) / 2)  # the plain mean while samples < 1/weight
     ledger._explore = None  # the posterior mean, not a draw
     assert request.budget(0, unseen=0, tokens_left=100) > 0
     assert request.budget(0, unseen=100_000, tokens_left=100) == 0  # 90 ms a step to catch up on

@@ -155,14 +155,21 @@ def ema(mean: float, sample: float, weight: float) -> float:
     return (1 - weight) * mean + weight * sample
 
 
-def warm_ema(mean: float | None, seen: int, sample: float, weight: float) -> float:
-    """ema, warmed up: the plain mean of the samples while they number fewer than 1/weight (`seen`:
-    how many `mean` holds; None: nothing yet), the EMA after. Why not seed it with the first sample:
-    a seeded EMA of weight 0.1 is still more than half its first sample after six more, so one odd
-    first request (a warm-up asking for 8 tokens, which drafted nothing and bought a gain of 1.0)
-    decided a breaker's five-probe verdict against the probes that paid (docs/gate.md, "Circuit
-    breaker")."""
-    return sample if mean is None else ema(mean, sample, max(weight, 1.0 / (seen + 1)))
+@dataclass(slots=True)
+class WarmMean:
+    """An EMA, warmed up: the plain mean of the samples while they number fewer than 1/weight, the
+    EMA after; with the count of samples behind it, which the thresholds that want a few samples
+    before they judge read too. Why not seed the EMA with the first sample: a seeded EMA of weight 0.1
+    is still more than half its first sample after six more, so one odd first request (a warm-up
+    asking for 8 tokens, which drafted nothing and bought a gain of 1.0) decided a breaker's
+    five-probe verdict against the probes that paid (docs/gate.md, "Circuit breaker")."""
+
+    value: float | None = None  # None before the first sample
+    samples: int = 0
+
+    def add(self, sample: float, weight: float) -> None:
+        self.value = sample if self.value is None else ema(self.value, sample, max(weight, 1.0 / (self.samples + 1)))
+        self.samples += 1
 
 
 @dataclass

@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable
 
 from specgate.algorithms import ALGORITHMS
-from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, choose_budget, ema, warm_ema
+from specgate.cost_model.goodput import PRIOR_WEIGHT, Acceptance, CostCurve, DraftCost, WarmMean, choose_budget, ema
 from specgate.cost_model.live import LiveCurve
 
 MAX_REQUEST_PRIOR_WEIGHT = 32.0  # the most of the engine's evidence a request's acceptance starts with
@@ -39,8 +39,7 @@ class EngineLedger:
         # EMA per algorithm of a catch-up's time per unit of Drafter.backlog (Drafter.catchup_ms):
         # EAGLE's head feeding on target features, a draft model on tokens, of the prompt or of
         # plain steps, when it drafts again; None until the algorithm first caught up
-        self.catchup_ms_per_unit: dict[str, float | None] = {name: None for name in algorithms}
-        self.catchups: dict[str, int] = {name: 0 for name in algorithms}  # samples behind catchup_ms_per_unit
+        self.catchup_ms_per_unit = {name: WarmMean() for name in algorithms}
         self._explore = random.Random(0)  # the budget's posterior draws (choose_budget); never a request's generator
 
     def set_curve(self, curve: CostCurve | None) -> None:
@@ -83,7 +82,7 @@ class RequestLedger:
         curve = self.engine.curve
         if curve is None:
             return self.k
-        debt = (self.engine.catchup_ms_per_unit[self.algorithm] or 0.0) * unseen / max(tokens_left, 1)
+        debt = (self.engine.catchup_ms_per_unit[self.algorithm].value or 0.0) * unseen / max(tokens_left, 1)
         return choose_budget(
             curve, self.acceptance(context), self.engine.draft_cost[self.algorithm], self.k, ALGORITHMS[self.algorithm].depth,
             self.engine._explore, debt,
@@ -100,9 +99,7 @@ class RequestLedger:
         modelled speedup so far (None without a curve)."""
         engine, cost = self.engine, self.engine.draft_cost[self.algorithm]
         if catchup_ms > 0 and caught_up > 0 and not cost.pinned:
-            per, seen = engine.catchup_ms_per_unit, engine.catchups
-            per[self.algorithm] = warm_ema(per[self.algorithm], seen[self.algorithm], catchup_ms / caught_up, cost.weight)
-            seen[self.algorithm] += 1
+            engine.catchup_ms_per_unit[self.algorithm].add(catchup_ms / caught_up, cost.weight)
         extra = step_ms - verify_ms - drafting_ms - catchup_ms  # the step's own work beyond its decode and drafting
         if nodes:
             cost.record(drafting_ms, nodes, extra - engine.plain_extra_ms)

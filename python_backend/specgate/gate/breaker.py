@@ -12,7 +12,7 @@ that pays from one that does not where drafts are rare: a machine whose verifica
 drafts only its surest guesses, which are accepted, and decodes plainly the rest of the time, so
 the route costs its own overhead and buys nothing. Weighted per request, not per draft token, so one
 long generation cannot outvote many short ones (what a tenant experiences is per request). Each
-EMA is the plain mean of its samples until they number 1/w (goodput.warm_ema), so that a verdict on
+EMA is the plain mean of its samples until they number 1/w (goodput.WarmMean), so that a verdict on
 a few probes weighs them alike.
 
 States (each tenant has its own; tenants never affect one another):
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from specgate.cost_model.goodput import warm_ema
+from specgate.cost_model.goodput import WarmMean
 from specgate.gate.policy import BreakerPolicy
 
 
@@ -77,8 +77,7 @@ class _ClassGain:
     """One prompt class of a tenant: its gain EMA, and how many of its requests judged short of
     min_gain went speculative anyway to keep measuring it."""
 
-    gain: float | None = None
-    samples: int = 0  # behind `gain`
+    gain: WarmMean = field(default_factory=WarmMean)
     judged_short: int = 0
     explored: int = 0
 
@@ -86,10 +85,8 @@ class _ClassGain:
 @dataclass(slots=True)
 class _Tenant:
     state: BreakerState = BreakerState.CLOSED
-    ema: float | None = None
-    samples: int = 0
-    gain: float | None = None
-    gain_samples: int = 0
+    acceptance: WarmMean = field(default_factory=WarmMean)
+    gain: WarmMean = field(default_factory=WarmMean)
     consecutive_failures: int = 0
     opened_at: float = 0.0
     seen: int = 0  # requests seen in the current half-open period
@@ -101,7 +98,7 @@ class _Tenant:
     def best_gain(self) -> float | None:
         """The gain EMA of the tenant's best prompt class: the route pays for the tenant while it pays
         for one of its classes (the gate keeps the others on the baseline, request by request)."""
-        return max((c.gain for c in self.classes.values() if c.gain is not None), default=None)
+        return max((c.gain.value for c in self.classes.values() if c.gain.value is not None), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,33 +165,31 @@ class CircuitBreakers:
         with self._lock:
             t = self._tenants.setdefault(tenant, _Tenant())
             if drafted <= 0 and gain is None:
-                return t.ema  # nothing was drafted and nothing modelled: no evidence either way
+                return t.acceptance.value  # nothing was drafted and nothing modelled: no evidence either way
             w = cfg.ema_weight
             if drafted > 0:
                 rate = min(max(accepted / drafted, 0.0), 1.0)
-                t.ema = warm_ema(t.ema, t.samples, rate, w)
-                t.samples += 1
+                t.acceptance.add(rate, w)
             if gain is not None:
-                t.gain = warm_ema(t.gain, t.gain_samples, gain, w)
-                t.gain_samples += 1
-                c = t.classes.setdefault(prompt_class, _ClassGain())
-                c.gain = warm_ema(c.gain, c.samples, gain, w)
-                c.samples += 1
+                t.gain.add(gain, w)
+                t.classes.setdefault(prompt_class, _ClassGain()).gain.add(gain, w)
             t.consecutive_failures = 0
             if t.state is BreakerState.CLOSED:
-                low_acceptance = t.ema is not None and t.samples >= cfg.min_samples and t.ema < cfg.open_threshold
+                acc = t.acceptance
+                low_acceptance = acc.value is not None and acc.samples >= cfg.min_samples and acc.value < cfg.open_threshold
                 best = t.best_gain()
-                no_gain = best is not None and t.gain_samples >= cfg.min_samples and best < cfg.min_gain
+                no_gain = best is not None and t.gain.samples >= cfg.min_samples and best < cfg.min_gain
                 if low_acceptance or no_gain:
                     self._move(tenant, t, BreakerState.OPEN)
             elif t.state is BreakerState.HALF_OPEN:
                 t.probe_results += 1
                 if t.probe_results >= cfg.probe_samples:
                     best = t.best_gain()
-                    ok = (t.ema is None or t.ema >= cfg.close_threshold) and (best is None or best >= cfg.min_gain)
+                    acc = t.acceptance.value
+                    ok = (acc is None or acc >= cfg.close_threshold) and (best is None or best >= cfg.min_gain)
                     self._move(tenant, t, BreakerState.CLOSED if ok else BreakerState.OPEN)
             # OPEN: results of requests admitted before it opened update the EMA only.
-            return t.ema
+            return t.acceptance.value
 
     def record_failure(self, tenant: str, cfg: BreakerPolicy) -> None:
         """A speculative-engine failure for this tenant; repeated failures open the circuit."""
@@ -210,14 +205,14 @@ class CircuitBreakers:
         with self._lock:
             t = self._tenants.get(tenant) or _Tenant()
             c = t.classes.get(prompt_class)
-            return BreakerSnapshot(t.state, t.ema, t.samples, t.gain, None if c is None else c.gain)
+            return BreakerSnapshot(t.state, t.acceptance.value, t.acceptance.samples, t.gain.value, None if c is None else c.gain.value)
 
     def _move(self, tenant: str, t: _Tenant, new: BreakerState) -> None:
         old, t.state, t.unproven = t.state, new, False
         if new is BreakerState.OPEN:
             t.opened_at = self._now()
         elif new is BreakerState.HALF_OPEN:
-            t.ema, t.samples, t.gain, t.gain_samples, t.seen, t.probes, t.probe_results = None, 0, None, 0, 0, 0, 0
+            t.acceptance, t.gain, t.seen, t.probes, t.probe_results = WarmMean(), WarmMean(), 0, 0, 0
             t.classes = {}
         t.consecutive_failures = 0
         if self._on_transition is not None:

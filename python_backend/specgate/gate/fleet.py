@@ -18,33 +18,24 @@ another back, and a tenant's own breaker (its open circuit, its evidence) always
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
-from specgate.cost_model.goodput import warm_ema
-
-
-@dataclass(slots=True)
-class _Gain:
-    gain: float | None = None
-    samples: int = 0
+from specgate.cost_model.goodput import WarmMean
 
 
 class FleetGains:
     """Thread-safe; one per gate."""
 
     def __init__(self) -> None:
-        self._gains: dict[tuple[str, int], _Gain] = {}
+        self._gains: dict[tuple[str, int], WarmMean] = {}
         self._lock = threading.Lock()
 
     def record(self, algorithm: str, prompt_class: int, gain: float, weight: float) -> None:
         with self._lock:
-            g = self._gains.setdefault((algorithm, prompt_class), _Gain())
-            g.gain = warm_ema(g.gain, g.samples, gain, weight)
-            g.samples += 1
+            self._gains.setdefault((algorithm, prompt_class), WarmMean()).add(gain, weight)
 
     def pays(self, algorithm: str, prompt_class: int, min_gain: float, min_samples: int) -> bool:
         """Whether the fleet's requests of this class on this algorithm bought `min_gain`, over at
         least `min_samples` of them."""
         with self._lock:
             g = self._gains.get((algorithm, prompt_class))
-            return g is not None and g.gain is not None and g.samples >= min_samples and g.gain >= min_gain
+            return g is not None and g.value is not None and g.samples >= min_samples and g.value >= min_gain
