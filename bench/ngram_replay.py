@@ -7,6 +7,12 @@ accepted, and the replay moves past it and the bonus token. Greedy verification 
 that, so the counts are what serving would see at T=0. Printed per category: drafted tokens per
 step, accepted / drafted (the price of each drafted token), and accepted per step (what it buys).
 
+Then our drafter by its context class (`NgramDrafter.context`, the class the engine prices a draft
+by: the matched suffix's length, 1-4): per class, how
+often the reply's next token followed the match, what a 5-token chain (the default k) accepted per
+step, and the constant per-position acceptance a with a + a^2 + ... + a^5 equal to that: what the
+class's prior stands for (docs/speculative.md, "Priors").
+
 Drafters:
 - ours: speculative/ngram.py, the latest earlier occurrence of the longest suffix of 1-4 tokens,
   a chain of k (5, and 16), and k=5 only where that suffix is 3 or 4 tokens long;
@@ -28,6 +34,7 @@ import torch
 
 from bench.common import GGUF, ROOT, machine_lines, machine_record
 from bench.prompts import CATEGORIES, load_prompts
+from specgate.algorithms import ALGORITHMS
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.decoding.plain import plain_decode
 from specgate.decoding.sampling import SamplingParams
@@ -108,6 +115,24 @@ def replay(make: Callable[[], Propose], prompt: list[int], reply: list[int]) -> 
     return steps, drafted, accepted
 
 
+def by_context(prompt: list[int], reply: list[int], k: int = 5) -> list[tuple[int, int]]:
+    """(context class, accepted of a k-chain) at each step of `reply` where our drafter matched."""
+    d = NgramDrafter()
+    d.begin([], SamplingParams(), torch.Generator())
+    out, i = [], 0
+    while i < len(reply):
+        tokens = prompt + reply[: i + 1]
+        context = d.context(tokens)
+        draft = d.propose(tokens, torch.empty(0), k).tokens.tolist()[: len(reply) - i - 1] if context else []
+        a = 0
+        while a < len(draft) and draft[a] == reply[i + 1 + a]:
+            a += 1
+        if context:
+            out.append((context, a))
+        i += a + 1
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=6)
@@ -135,6 +160,23 @@ def main() -> None:
             rows = [replay(make, ids, reply) for c, ids, reply in replies if cat in (c, "overall")]
             steps, drafted, accepted = (sum(r[i] for r in rows) for i in range(3))
             print(f"| {name} | {cat} | {drafted / steps:.2f} | {accepted / max(drafted, 1):.2f} | {accepted / steps:.2f} |", flush=True)
+    steps = [s for _, ids, reply in replies for s in by_context(ids, reply)]
+    print("\n| our context class | steps | next token followed | accepted per step, k=5 | constant a | prior |\n|---|---|---|---|---|---|")
+    for c in sorted({c for c, _ in steps}):
+        accepted = [a for cc, a in steps if cc == c]
+        followed = sum(a > 0 for a in accepted) / len(accepted)
+        mean = sum(accepted) / len(accepted)
+        a = bisect_fit(lambda x: sum(x**j for j in range(1, 6)), mean)
+        print(f"| {c} | {len(accepted)} | {followed:.2f} | {mean:.2f} | {a:.2f} | {ALGORITHMS['ngram'].prior(c):.2f} |")
+
+
+def bisect_fit(f: Callable[[float], float], y: float) -> float:
+    """x in [0, 1] with f(x) = y, for f increasing there."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < y else (lo, mid)
+    return (lo + hi) / 2
 
 
 if __name__ == "__main__":
