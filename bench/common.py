@@ -58,6 +58,16 @@ def batching_check(scaling: float, curve) -> str:  # noqa: ANN001 (a CostCurve, 
             f"target >= {BATCHING_BAR} x that = {target:.2f}x: {'met' if scaling >= target else 'NOT met'}.")
 
 
+def batching_bound_with_prompts(ttft_ms: float, tpot_ms: float, tokens: float, curve) -> float:  # noqa: ANN001 (a CostCurve)
+    """What the curve allows c=8 over c=1 once the prompts are counted: a c=1 request spends
+    `ttft_ms` reading its prompt, then `tokens` - 1 decodes of `tpot_ms`; eight of them at once read
+    eight prompts (prefill is already a many-row product: batching does not make it cheaper) and
+    share each decode, at cost(8) / cost(1) of one. 8 cost(1) / cost(8) leaves the prompts out, which
+    with replies of 48 tokens after prompts of a few hundred is a third of the c=8 work."""
+    decode = (tokens - 1) * tpot_ms
+    return 8 * (ttft_ms + decode) / (8 * ttft_ms + decode * curve.cost(8) / curve.cost(1))
+
+
 def write_results(name: str, markdown: str, raw: dict) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(markdown)

@@ -49,7 +49,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import RESULTS, ROOT, batching_check, machine_lines, machine_record, median, spread, wait_calibrated  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    batching_bound_with_prompts,
+    batching_check,
+    machine_lines,
+    machine_record,
+    median,
+    spread,
+    wait_calibrated,
+)
 from loadtest import metrics  # noqa: E402
 from loadtest.measure import Sample, timed  # noqa: E402
 from loadtest.workloads import SCENARIOS, RequestSpec  # noqa: E402
@@ -308,6 +318,14 @@ def checks(cells: list[Cell], levels: list[int], repeats: list[Cell], curve: Cos
         note = "one cell each" if len(ratios) == 1 else f"median of {len(ratios)} repeats, [{min(ratios):.2f}-{max(ratios):.2f}]x"
         out.append(f"**The baseline through Triton, {batching_check(median(ratios), curve)}** "
                    f"({note}; the curve is spec_engine's start-up calibration of this server, read before the first cell.)")
+        if curve is not None:
+            one = [c for c in repeats if c.scenario == "baseline" and c.concurrency == 1]
+            ttft = median([t for c in one for t in c.ttft_ms()])
+            tokens = median([s.tokens for c in one for s in c.ok])
+            bound = batching_bound_with_prompts(ttft, median([t for c in one for t in c.tpot_ms()]), tokens, curve)
+            out.append(f"  - Counting the prompts (c=1 baseline: TTFT {ttft:.0f} ms, then {tokens:.0f} tokens at its TPOT; "
+                       f"bench.common.batching_bound_with_prompts), the curve allows {bound:.2f}x: measured "
+                       f"{median(ratios) / bound:.2f} of it.")
     if 1 in levels:
         g, s = median(get[("gated", 1)].tpot_ms()), median(get[("speculative", 1)].tpot_ms())
         out.append(f"**Single stream (c=1, T=0): gated TPOT {g:.1f} ms vs speculative {s:.1f} ms ({pct(g, s)}): "

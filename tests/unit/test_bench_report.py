@@ -1,5 +1,7 @@
 """bench.report's checks: the c=8 batching bar comes from the curve read before the first cell."""
 
+import pytest
+
 import bench.report as report
 from bench.report import Cell, checks
 from loadtest.measure import Sample
@@ -33,3 +35,22 @@ def test_the_bar_reads_the_curve_it_is_given_not_the_engine_file(monkeypatch) ->
 def test_no_curve_no_target() -> None:
     cells = _cells(1.07)
     assert "no calibration: no target" in _bar_line(checks(cells, [1, 8], cells, None))
+
+
+def test_counting_the_prompts_lowers_the_bound_towards_one() -> None:
+    """Without prompts it is the curve's 8 cost(1) / cost(8); prompts are read once per request at
+    any concurrency, so the longer they take against the decodes, the less batching can buy."""
+    from bench.common import batching_bound_with_prompts
+
+    curve = CostCurve(tokens=[1, 8], ms=[10.0, 40.0])  # 2x from batching 8 decodes
+    assert batching_bound_with_prompts(0.0, 10.0, 49, curve) == pytest.approx(2.0)
+    # 48 decodes of 10 ms after a 240 ms prompt: 8 x 720 ms at c=1, 8 x 240 + 48 x 40 at c=8
+    assert batching_bound_with_prompts(240.0, 10.0, 49, curve) == pytest.approx(8 * 720 / (8 * 240 + 48 * 40))
+    assert 1.0 < batching_bound_with_prompts(1e6, 10.0, 49, curve) < 1.001
+
+
+def test_the_report_states_the_bound_with_its_prompts() -> None:
+    cells = _cells(1.07)
+    lines = checks(cells, [1, 8], cells, CostCurve(tokens=[1, 8], ms=[10.0, 58.1]))
+    (line,) = [s for s in lines if "Counting the prompts" in s]
+    assert "TTFT 100 ms" in line and "the curve allows" in line
