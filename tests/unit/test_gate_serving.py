@@ -35,10 +35,11 @@ from specgate.gate import RequestInputs  # noqa: E402
 from specgate.gate.metrics import InMemoryMetricFactory  # noqa: E402
 from specgate.serving import gate_model  # noqa: E402
 from specgate.serving.bls import EngineFailure  # noqa: E402
-from specgate.serving.client_stream import ClientStream, Outbox  # noqa: E402
+from specgate.serving.client_stream import ClientStream  # noqa: E402
 from specgate.serving.engine_key import ENGINE_KEY_ENV  # noqa: E402
 from specgate.serving.gate_model import GateModel  # noqa: E402
 from specgate.serving.llm_request import LLMRequest  # noqa: E402
+from specgate.serving.outbox import Outbox  # noqa: E402
 from specgate.serving.request_context import RequestContext  # noqa: E402
 from specgate.stats import SpecStats  # noqa: E402
 from specgate.text.tokenizer import PromptTokenizer  # noqa: E402
@@ -265,7 +266,7 @@ def test_the_outbox_coalesces_what_waits_behind_a_slow_client(tok: PromptTokeniz
     """The serving thread records the engine's tokens and goes back to the engine: while one send
     waits on the client's round trip, later tokens go out together in the next response."""
     slow = Sender(delay_s=0.2)
-    outbox = Outbox()
+    outbox = Outbox("gate-outbox")
     out = ClientStream(slow, True, gate_model.Route.BASELINE, "mode_off", tok, outbox)
     ids = tok.encode(" one two three four five six seven eight")
     start = time.monotonic()

@@ -15,8 +15,9 @@ pb.install()
 
 from specgate.contract import ENGINE_EXTENSIONS, ENGINE_OUTPUTS, PARAM_ENGINE_KEY, PARAM_PING  # noqa: E402
 from specgate.serving.engine_key import EngineKey  # noqa: E402
-from specgate.serving.engine_model import EngineModel, ResponseSender  # noqa: E402
+from specgate.serving.engine_model import EngineModel  # noqa: E402
 from specgate.serving.live_requests import LiveRequests  # noqa: E402
+from specgate.serving.outbox import Outbox  # noqa: E402
 from specgate.serving.triton_io import RequestedOutputsSender  # noqa: E402
 
 SECRET = "s3cret"
@@ -56,7 +57,7 @@ def test_an_engine_answers_a_control_message_with_only_what_it_asked_for() -> No
     """The gate's control messages (ping, cancel, hand-over) ask for output_ids alone; an engine
     used to answer with all of its outputs, which Triton pruned off the GIL."""
     model = EngineModel.__new__(EngineModel)
-    model.name, model.key, model.live, model.outbox = "target_engine", EngineKey(SECRET), LiveRequests(), ResponseSender()
+    model.name, model.key, model.live, model.outbox = "target_engine", EngineKey(SECRET), LiveRequests(), Outbox("response-sender")
     try:
         ping = Request(["output_ids"], {PARAM_PING: True, PARAM_ENGINE_KEY: SECRET})
         model.execute([ping])

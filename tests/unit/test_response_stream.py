@@ -46,7 +46,7 @@ def test_triton_s_flag_is_read() -> None:
 
 
 class Outbox:
-    """ResponseSender without its thread: a due stream is flushed at once."""
+    """The Outbox without its thread: a due stream is flushed at once."""
 
     def schedule(self, stream: ResponseStream) -> None:
         stream.flush()

@@ -13,7 +13,6 @@ with the request (docs/request-flow.md).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from specgate.gate import Route
+from specgate.serving.outbox import Outbox
 from specgate.serving.triton_io import FINAL, coded_error_response, tensor
 from specgate.stats import SpecStats
 from specgate.text.detokenizer import Decoder, delta_text
@@ -28,28 +28,6 @@ from specgate.text.detokenizer import Decoder, delta_text
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 60.0  # a last response waits this long at most for the Outbox's send of the request
-
-
-class Outbox:
-    """The gate's sending thread: the streamed responses of every request, in order per request.
-    Bounded: a request waits in its queue at most once (`ClientStream.scheduled`), so it holds no more
-    entries than there are requests."""
-
-    def __init__(self) -> None:
-        self._q: queue.Queue[ClientStream | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="gate-outbox", daemon=True)
-        self._thread.start()
-
-    def schedule(self, stream: ClientStream) -> None:
-        self._q.put(stream)
-
-    def shutdown(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while (stream := self._q.get()) is not None:
-            stream.flush()
 
 
 class ClientStream:

@@ -10,7 +10,6 @@ the engines serve spec_gate, not the network.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import astuple
@@ -44,6 +43,7 @@ from specgate.machine import machine
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.engine_metrics import EngineMetrics
 from specgate.serving.live_requests import LiveRequests
+from specgate.serving.outbox import Outbox
 from specgate.serving.parent_watch import watch_parent
 from specgate.serving.triton_io import (
     FINAL,
@@ -105,7 +105,7 @@ def parse_engine_request(request: Any, cfg: EngineConfig, params: dict[str, Any]
 class ResponseStream:
     """Turns one request's engine Events into Triton responses.
 
-    The engine's decode loop only records events here; `ResponseSender`'s thread sends them, so a
+    The engine's decode loop only records events here; the engine's `Outbox` thread sends them, so a
     decode step never waits for the IPC of a send. A streamed response goes out when the engine's
     `pacer` says it is due (the first and the last at once); tokens made in between go out together.
     Each response costs CPU in three processes (this stub, Triton, the gate) on the
@@ -118,7 +118,7 @@ class ResponseStream:
         self,
         sender: Any,
         streaming: bool,
-        outbox: "ResponseSender",
+        outbox: Outbox,
         pacer: StreamPacer | None = None,
         on_final: Callable[["ResponseStream", Event], None] | None = None,
     ) -> None:
@@ -213,26 +213,6 @@ class ResponseStream:
         )
 
 
-class ResponseSender:
-    """One thread per engine that sends the responses of every ResponseStream, in order per stream."""
-
-    def __init__(self) -> None:
-        self._q: queue.Queue[ResponseStream | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="response-sender", daemon=True)
-        self._thread.start()
-
-    def schedule(self, stream: ResponseStream) -> None:
-        self._q.put(stream)
-
-    def shutdown(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while (stream := self._q.get()) is not None:
-            stream.flush()
-
-
 class EngineParameters(BaseModel):
     """An engine's config.pbtxt parameters."""
 
@@ -248,7 +228,7 @@ class EngineModel:
         self.cfg = EngineConfig.load(model_parameters(args, EngineParameters).engine_config)
         self.name = args["model_name"]
         self.key = EngineKey.from_env()
-        self.outbox = ResponseSender()
+        self.outbox = Outbox("response-sender")
         self.live = LiveRequests()
         self.metrics = EngineMetrics(pb_utils, self.name)
         self.runner = self.make_runner(self.cfg)

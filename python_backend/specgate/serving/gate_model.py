@@ -57,10 +57,11 @@ from specgate.gate.decision import LOAD  # also the reason of a speculative requ
 from specgate.gate.labels import label_secret_from_env
 from specgate.gate.policy import MAX_CONCURRENT_CAP, MAX_QUEUED_CAP
 from specgate.serving.bls import Cancelled, EngineFailure
-from specgate.serving.client_stream import ClientStream, Outbox
+from specgate.serving.client_stream import ClientStream
 from specgate.serving.engine_client import EngineClient, EngineRefused, HandedOver
 from specgate.serving.engine_key import EngineKey
 from specgate.serving.gate_parsing import parse_gate_request, prompt_ids, stop_words
+from specgate.serving.outbox import Outbox
 from specgate.serving.parent_watch import watch_parent
 from specgate.serving.request_context import RequestContext
 from specgate.serving.shadow import Shadow
@@ -109,7 +110,7 @@ class GateModel:
         self.engines = EngineClient(p.end_id, self.extensions, lambda: self.gate.policy.speculative.stall_timeout_s, self.key)
         self.shadow = Shadow(self.gate, self.engines)
         self.decoder = PromptTokenizer(p.tokenizer_dir, 1, chat=False)  # it only decodes
-        self.outbox = Outbox()
+        self.outbox = Outbox("gate-outbox")
         self.watches = Watches()
         # One thread per admitted or queued request (the admission queue bounds them), plus the
         # hand-over message; threads start only as needed.
