@@ -35,6 +35,7 @@ import torch
 from bench.common import GGUF, ROOT, machine_lines, machine_record
 from bench.prompts import CATEGORIES, load_prompts
 from specgate.algorithms import ALGORITHMS
+from specgate.cost_model.goodput import alpha_of_rate
 from specgate.decoding.llamacpp_target import LlamaCppTarget
 from specgate.decoding.plain import plain_decode
 from specgate.decoding.sampling import SamplingParams
@@ -107,12 +108,18 @@ def replay(make: Callable[[], Propose], prompt: list[int], reply: list[int]) -> 
     i = 0
     while i < len(reply):
         draft = propose(prompt + reply[: i + 1])[: len(reply) - i - 1]  # reply[i] is the root
-        a = 0
-        while a < len(draft) and draft[a] == reply[i + 1 + a]:
-            a += 1
+        a = accepted_prefix(draft, reply, i)
         steps, drafted, accepted = steps + 1, drafted + len(draft), accepted + a
         i += a + 1
     return steps, drafted, accepted
+
+
+def accepted_prefix(draft: list[int], reply: list[int], root: int) -> int:
+    """How many of `draft` (drafted after reply[root]) greedy verification accepts."""
+    a = 0
+    while a < len(draft) and draft[a] == reply[root + 1 + a]:
+        a += 1
+    return a
 
 
 def by_context(prompt: list[int], reply: list[int], k: int = 5) -> list[tuple[int, int]]:
@@ -124,9 +131,7 @@ def by_context(prompt: list[int], reply: list[int], k: int = 5) -> list[tuple[in
         tokens = prompt + reply[: i + 1]
         context = d.context(tokens)
         draft = d.propose(tokens, torch.empty(0), k).tokens.tolist()[: len(reply) - i - 1] if context else []
-        a = 0
-        while a < len(draft) and draft[a] == reply[i + 1 + a]:
-            a += 1
+        a = accepted_prefix(draft, reply, i)
         if context:
             out.append((context, a))
         i += a + 1
@@ -166,17 +171,9 @@ def main() -> None:
         accepted = [a for cc, a in steps if cc == c]
         followed = sum(a > 0 for a in accepted) / len(accepted)
         mean = sum(accepted) / len(accepted)
-        a = bisect_fit(lambda x: sum(x**j for j in range(1, 6)), mean)
+        a = alpha_of_rate(mean / 5, 5)  # the 5-chain's accepted / drafted
         print(f"| {c} | {len(accepted)} | {followed:.2f} | {mean:.2f} | {a:.2f} | {ALGORITHMS['ngram'].prior(c):.2f} |")
 
-
-def bisect_fit(f: Callable[[float], float], y: float) -> float:
-    """x in [0, 1] with f(x) = y, for f increasing there."""
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < y else (lo, mid)
-    return (lo + hi) / 2
 
 
 if __name__ == "__main__":
