@@ -12,6 +12,9 @@ For each temperature (0 and 0.7), each prompt category of bench/prompts.py and o
   one thread).
 - floor: a bare loop of plain one-token decodes, which the calibration measures beside the curve
   in this process (printed with the calibration, below the curves).
+- no drafts: the speculative engine with a drafter that never has anything to propose, so every
+  step chooses a budget, verifies the root alone and keeps the books: what its loop costs beyond
+  plain decoding, the most a request it serves can lose where nothing drafts.
 - each algorithm: the speculative engine as served, calibrated on this machine (cost_model/
   measure.py), so each step drafts the budget that pays, down to nothing.
 - gated: what the gate decides for a single request with the shipped policy and this calibration
@@ -43,6 +46,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 from bench.common import GGUF, ROOT, machine_lines, machine_record, median, median_run, spread, tpot_ms, write_results
 from bench.peer import Peer
 from bench.prompts import CATEGORIES, load_prompts
@@ -54,8 +59,10 @@ from specgate.decoding.loading import load_target
 from specgate.decoding.plain import plain_decode
 from specgate.decoding.sampling import SamplingParams
 from specgate.decoding.target import Target
+from specgate.decoding.tree import DraftTree
 from specgate.gate import Gate, RequestInputs, Route
 from specgate.speculative import SpecStats, SpeculativeGenerator
+from specgate.speculative.drafter import Drafter
 from specgate.speculative.registry import build_drafters
 from specgate.text.tokenizer import PromptTokenizer
 
@@ -64,6 +71,16 @@ DRAFT = {"llamacpp": GGUF.with_name(f"{GGUF.stem}.draft-4L.gguf"), "torch": ROOT
 HEAD = ROOT / "heads" / "smollm2-135m-eagle"
 POLICY = ROOT / "policy" / "default.yaml"
 MAX_LEN = 1024  # prompts are capped at ~600 tokens; room for the output and a draft tree
+NO_DRAFTS = "no drafts"
+
+
+class NothingToDraft(Drafter):
+    """Proposes nothing, ever: the speculative loop's own cost (the `no drafts` row)."""
+
+    name = "ngram"  # priced and tracked as prompt lookup, whose drafting costs least
+
+    def propose(self, tokens: list[int], features: Tensor, k: int) -> DraftTree:
+        return DraftTree.empty()
 
 
 @dataclass
@@ -155,7 +172,7 @@ def gated_vs_best(rows: list[dict], draws: int = 2000, seed: int = 0) -> tuple[s
     being chosen anew in every resample (so the interval carries the max-of-noisy-routes bias)."""
     by = {r["route"]: r for r in rows}
     gated = by.get("gated")
-    candidates = [r for r in rows if r["route"] not in ("gated", "peer")]
+    candidates = [r for r in rows if r["route"] not in ("gated", "peer", NO_DRAFTS)]
     if gated is None or any(len(r["speedup"]) != len(gated["speedup"]) for r in candidates if r["route"] != "baseline"):
         return None
     best = max(candidates, key=_speed)
@@ -196,6 +213,7 @@ class Routes:
 
     baseline: Target
     gen: SpeculativeGenerator
+    no_drafts: SpeculativeGenerator  # on the same target, with NothingToDraft
     gate: Gate
     peer: Peer | None
     ids: list[list[int]]
@@ -220,6 +238,8 @@ class Routes:
             return run
         if name == "baseline":
             return run_baseline(self.baseline, self.ids[i], self.tokens, params, eos)
+        if name == NO_DRAFTS:
+            return run_spec(self.no_drafts, NothingToDraft.name, self.ids[i], self.tokens, params)
         return run_spec(self.gen, name, self.ids[i], self.tokens, params)
 
 
@@ -283,12 +303,13 @@ def main() -> None:
     gen = SpeculativeGenerator(target, drafters, cal.curve)
     for name in cal.algorithms:
         gen.draft_cost[name] = cal.draft_cost(name)
+    no_drafts = SpeculativeGenerator(target, {NothingToDraft.name: NothingToDraft()}, cal.curve)
     curves = {f"{args.backend} (served)": cal.curve, **other_curve(args)}
     peer = Peer(GGUF, MAX_LEN, cfg.threads) if args.backend == "llamacpp" else None
     routes = Routes(
-        baseline=load_target(cfg, model, num_slots=1, exact=cfg.exact), gen=gen, gate=Gate(POLICY, calibration=cal), peer=peer,
-        ids=[tok.encode_prompt(p.text) for p in prompts], tokens=args.tokens,
-        names=["baseline", *drafters, "gated"] + (["peer"] if peer else []),
+        baseline=load_target(cfg, model, num_slots=1, exact=cfg.exact), gen=gen, no_drafts=no_drafts, gate=Gate(POLICY, calibration=cal),
+        peer=peer, ids=[tok.encode_prompt(p.text) for p in prompts], tokens=args.tokens,
+        names=["baseline", NO_DRAFTS, *drafters, "gated"] + (["peer"] if peer else []),
     )
     for name in routes.names:  # warm-up: first-call allocations and kernel selection
         routes.run(name, 0, SamplingParams())
@@ -360,6 +381,7 @@ def report(args, machine: dict, prompts: list, results: dict, identity: dict, cu
         f"each (stop at EOS), every route on every prompt {args.repeats} time(s), interleaved; each route's median run per prompt",
         f"- gated: {', '.join(f'{d} {decisions.count(d)}' for d in sorted(set(decisions)))} of {len(decisions)} decisions "
         "(warm-up included)",
+        f"- {NO_DRAFTS}: the speculative engine with a drafter that never proposes anything: its loop's own cost over the baseline",
         "",
         "## Verification cost curves (ms per decode of T tokens; ratio to T=1)",
         "",
