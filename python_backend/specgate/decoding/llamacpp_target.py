@@ -324,6 +324,9 @@ class LlamaCppTarget(Target):
         if v is None or v.slot != slot or not keep or keep[0] != 0:
             raise ValueError("commit must follow verify on the same slot and keep the root first")
         self._verified = None
+        if not v.tokens:  # a plain step: the root alone on the slot's own sequence, nothing to cut
+            self._len[slot] = v.start + 1
+            return
         L, mem = self._L, self._mem
         # the accepted path lies on the branch that the deepest accepted node names first
         best = v.first_branch[keep[-1] - 1] if len(keep) > 1 else slot
