@@ -54,3 +54,14 @@ def test_the_report_states_the_bound_with_its_prompts() -> None:
     lines = checks(cells, [1, 8], cells, CostCurve(tokens=[1, 8], ms=[10.0, 58.1]))
     (line,) = [s for s in lines if "Counting the prompts" in s]
     assert "TTFT 100 ms" in line and "the curve allows" in line
+
+
+def test_bench_engines_results_plot_by_route(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """The report plots bench-engine's rows as bench.engine writes them (keyed by route)."""
+    from bench.engine import NO_DRAFTS, Run, summarize
+
+    base, spec = Run([1, 2], 10.0), Run([1, 2], 8.0, steps=1)
+    rows = summarize({"baseline": [(base, base)], NO_DRAFTS: [(base, Run([1, 2], 10.5, steps=2))], "ngram": [(base, spec)]})
+    monkeypatch.setattr(report, "OUT", tmp_path)
+    png = report.plot_engine({"results": {"0.0": {"code": rows, "overall": rows}}})
+    assert png is not None and (tmp_path / png).stat().st_size > 0
