@@ -175,6 +175,5 @@ def main() -> None:
         print(f"| {c} | {len(accepted)} | {followed:.2f} | {mean:.2f} | {a:.2f} | {ALGORITHMS['ngram'].prior(c):.2f} |")
 
 
-
 if __name__ == "__main__":
     main()

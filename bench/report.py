@@ -269,15 +269,15 @@ def plot_engine(engine: dict) -> str | None:
         return None
     temp = "0.0" if "0.0" in results else next(iter(results))
     cats = [c for c in results[temp] if c != "overall"]
-    algs = [r["route"] for r in results[temp][cats[0]] if r["route"] != "baseline"]
+    routes = [r["route"] for r in results[temp][cats[0]] if r["route"] != "baseline"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / max(len(algs), 1)
+    width = 0.8 / max(len(routes), 1)
     for ax, key, title in ((axes[0], "median_speedup", "speedup over baseline (median)"),
                            (axes[1], "accepted_per_step", "tokens per verification step")):
-        for i, alg in enumerate(algs):
-            vals = [next((r.get(key) or 0.0 for r in results[temp][c] if r["route"] == alg), 0.0) for c in cats]
-            ax.bar([x + i * width for x in range(len(cats))], vals, width, label=alg)
-        ax.set_xticks([x + width * (len(algs) - 1) / 2 for x in range(len(cats))], cats)
+        for i, route in enumerate(routes):
+            vals = [next((r.get(key) or 0.0 for r in results[temp][c] if r["route"] == route), 0.0) for c in cats]
+            ax.bar([x + i * width for x in range(len(cats))], vals, width, label=route)
+        ax.set_xticks([x + width * (len(routes) - 1) / 2 for x in range(len(cats))], cats)
         ax.set_title(f"bench-engine, T={temp}: {title}")
         ax.legend(fontsize=8)
     axes[0].axhline(1.0, color="grey", lw=0.8)
