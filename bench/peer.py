@@ -145,10 +145,10 @@ def _floor(setup: dict):  # noqa: ANN202
 
         def tokens() -> Iterator[int]:  # lazily: no decode past the last token taken
             logits, _ = target.prefill(0, ids, features=False)
-            tok = int(np.argmax(logits.numpy()))
+            tok = int(np.argmax(logits))
             while True:
                 yield tok
-                tok = int(np.argmax(target.forward([(0, [tok])])[0].numpy()))
+                tok = int(np.argmax(target.forward([(0, [tok])])[0]))
 
         return _take(start, tokens(), max_tokens, eos)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,22 +25,22 @@ class ScriptedTarget(Target):
         self._len, self._base, self._last = 0, 0, 1
         self.contexts: set[int] = set()  # cached tokens at each verification
 
-    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[torch.Tensor, None]:
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[np.ndarray, None]:
         t = 1 + len(tree)
         self.last_verify_ms = PER_TOKEN_MS * t + (REPLAN_MS if t != self._last else 0.0)
         self._last = t
         self.contexts.add(self._len)
         self._base, self._len = self._len, self._len + t
-        return torch.zeros(t, self.info.vocab_size), None
+        return np.zeros((t, self.info.vocab_size), np.float32), None
 
     def commit(self, slot: int, keep: Sequence[int]) -> None:
         self._len = self._base + len(keep)
 
-    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[torch.Tensor, None]:
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[np.ndarray, None]:
         self._len += len(tokens)
-        return torch.zeros(self.info.vocab_size), None
+        return np.zeros(self.info.vocab_size, np.float32), None
 
-    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> torch.Tensor:
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
         raise NotImplementedError
 
     def truncate(self, slot: int, length: int) -> None:

@@ -15,6 +15,7 @@ def test_rows_match_torch_argmax_with_ties_to_the_first_index() -> None:
     assert greedy_tokens(logits) == logits.argmax(-1).tolist()
     assert greedy_tokens(logits)[3] == 100
     assert greedy_tokens(logits[2]) == [int(logits[2].argmax())]
+    assert greedy_tokens(logits.numpy()) == logits.argmax(-1).tolist()  # a target's NumPy rows too
 
 
 def test_non_float32_and_strided_rows() -> None:

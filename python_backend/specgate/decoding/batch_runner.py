@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from specgate.decoding.config import EngineConfig
@@ -166,7 +167,7 @@ class BatchRunner:
             if s.generated or s.read == len(s.req.input_ids):  # mid-prompt chunks yield no token
                 self._guard(s, lambda seq, row=logits[i]: self._accept(seq, row))
 
-    def _accept(self, seq: _Seq, logits: torch.Tensor) -> None:
+    def _accept(self, seq: _Seq, logits: np.ndarray) -> None:
         """Sample the next token, emit it, and finish the sequence if a stop condition holds."""
         assert seq.gen is not None
         tok = sample_token(logits, seq.req.sampling, seq.gen)

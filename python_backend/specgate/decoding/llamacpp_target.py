@@ -198,8 +198,8 @@ class LlamaCppTarget(Target):
             self._free()
 
     # -- one decode -------------------------------------------------------------------------------
-    def _decode(self, n: int, outputs: int, features: bool) -> tuple[Tensor, Tensor | None]:
-        """Decode the first `n` batch entries; (logits [outputs, V], hidden [outputs, D] or None)."""
+    def _decode(self, n: int, outputs: int, features: bool) -> tuple[np.ndarray, Tensor | None]:
+        """Decode the first `n` batch entries; (logits [outputs, V], a copy, hidden [outputs, D] or None)."""
         L = self._L
         if features != self._embeddings_on:
             L.llama_set_embeddings(self._ctx, features)
@@ -217,12 +217,11 @@ class LlamaCppTarget(Target):
             raise RuntimeError(f"llama_decode failed with code {rc}" + (" (no room in the KV cache)" if rc == 1 else ""))
         # With embeddings on every token is an output; otherwise only the flagged ones, in batch order.
         rows = n if features else outputs
-        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(rows, self.info.vocab_size))
-        logits_t = torch.from_numpy(logits[rows - outputs :].copy())
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(rows, self.info.vocab_size))[rows - outputs :].copy()
         if not features:
-            return logits_t, None
+            return logits, None
         hidden = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(rows, self.info.hidden_size))
-        return logits_t, torch.from_numpy(hidden.copy())
+        return logits, torch.from_numpy(hidden.copy())
 
     def _put(self, i: int, token: int, pos: int, seqs: Sequence[int], output: bool) -> None:
         self._tok[i], self._pos[i], self._out[i] = token, pos, output
@@ -230,7 +229,7 @@ class LlamaCppTarget(Target):
         self._seq[i][: len(seqs)] = seqs
 
     # -- Target -----------------------------------------------------------------------------------
-    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
         total = sum(len(t) for _, t in items)
         if total > N_BATCH:
             raise ValueError(f"one step holds at most {N_BATCH} tokens, got {total}")
@@ -251,16 +250,16 @@ class LlamaCppTarget(Target):
         logits = self._decode(i, len(items), features=False)[0]
         if order == list(range(len(items))):
             return logits  # already the caller's order (one sequence, or a batch sent in slot order)
-        out = torch.empty_like(logits)
+        out = np.empty_like(logits)
         out[order] = logits  # back to the caller's order
         return out
 
-    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[np.ndarray, Tensor | None]:
         redo = self._redo.pop(slot, [])
         tokens = [*redo, *tokens]  # tokens of the last tree that left the cache first, in order
         base = self._len.setdefault(slot, 0)
         hidden: list[Tensor] = []
-        logits = torch.empty(0)
+        logits = np.empty(0, np.float32)
         for start in range(0, len(tokens), N_BATCH):
             chunk = tokens[start : start + N_BATCH]
             for j, tok in enumerate(chunk):
@@ -272,7 +271,7 @@ class LlamaCppTarget(Target):
         self._len[slot] = base + len(tokens)
         return logits, torch.cat(hidden)[len(redo) :] if features else None
 
-    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[np.ndarray, Tensor | None]:
         # Accepted tokens of the last tree that left the cache (exact mode) go first, in every
         # branch's sequence: they are the prefix of the root.
         redo = self._redo.pop(slot, [])

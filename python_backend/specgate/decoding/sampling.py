@@ -6,6 +6,7 @@ baseline sampling warps p, so there is one `warp` function for all of them.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
@@ -30,9 +31,9 @@ class SamplingParams(BaseModel):
         return g
 
 
-def warp(logits: Tensor, p: SamplingParams) -> Tensor:
+def warp(logits: Tensor | np.ndarray, p: SamplingParams) -> Tensor:
     """Probabilities after temperature, top-k and top-p, over the last dim (float32)."""
-    logits = logits.float() / p.temperature
+    logits = torch.as_tensor(logits).float() / p.temperature
     if p.top_k > 0 and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -62,19 +63,23 @@ def draw(probs: Tensor, gen: torch.Generator) -> int:
     return i
 
 
-def greedy_tokens(logits: Tensor) -> list[int]:
+def greedy_tokens(logits: Tensor | np.ndarray) -> list[int]:
     """The argmax of each [..., V] logits row (the first index of the maximum, as torch.argmax gives).
 
     Through NumPy for float32 rows because torch.argmax over a 49152-token vocabulary took about
     0.09 ms a row on these CPUs (0.6 ms for a verification of 8), 3-20% of a llama.cpp decode step;
-    NumPy takes a twentieth of that.
+    NumPy takes a twentieth of that. A target's rows are NumPy already (decoding/target.py).
     """
-    rows = logits.numpy() if logits.dtype == torch.float32 else logits.float().numpy()
+    if isinstance(logits, np.ndarray):
+        rows = logits
+    else:
+        rows = logits.numpy() if logits.dtype == torch.float32 else logits.float().numpy()
     return rows.argmax(-1).reshape(-1).tolist()
 
 
-def sample_token(logits: Tensor, p: SamplingParams, gen: torch.Generator) -> int:
-    """One token from a [V] logits row: argmax when greedy, else a draw from `warp`."""
+def sample_token(logits: Tensor | np.ndarray, p: SamplingParams, gen: torch.Generator) -> int:
+    """One token from a [V] logits row (a target's NumPy row, or a tensor): argmax when greedy, else a
+    draw from `warp`."""
     if p.greedy:
         return greedy_tokens(logits)[0]
     return draw(warp(logits, p), gen)

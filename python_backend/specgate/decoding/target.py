@@ -6,8 +6,13 @@ Two implementations speak this interface:
 
 The batching runner calls `forward` (each sequence's next token, or a prompt chunk); the speculative
 generator calls `prefill`, `verify` (root + a draft tree in one pass) and `commit` (keep the accepted
-path); a draft model runs as a second target through `extend` and `truncate`. Rows come back as
-float32 torch tensors on the CPU, so sampling and verification are the same code for both.
+path); a draft model runs as a second target through `extend` and `truncate`. Logits come back as
+float32 NumPy arrays and hidden states as float32 torch tensors, on the CPU, so sampling and
+verification are the same code for both. Why NumPy: llama.cpp's logits start there, and a greedy
+token needs only NumPy's argmax; the torch tensor's round trip after each decode (`from_numpy`, a
+row, `.numpy()`) was 0.12 ms of the 0.32-0.43 ms of Python between two plain decodes on a 2-core
+EPYC, its caches cold after the decode (docs/engines.md, "Threads"). Sampling reads the rows as
+tensors without a copy (`torch.as_tensor`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from torch import Tensor
 
 from specgate.decoding.tree import DraftTree
@@ -43,20 +49,20 @@ class Target(ABC):
     on_decode: Callable[[Hashable, float, float], None] | None = None
 
     @abstractmethod
-    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
         """Append each item's tokens to its slot's cache; logits [len(items), V] after each item's last token."""
 
     @abstractmethod
-    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[np.ndarray, Tensor | None]:
         """Append `tokens` (any number) to the slot: (logits after the last one [V], hidden states [T, D] if asked)."""
 
-    def prefill(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+    def prefill(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[np.ndarray, Tensor | None]:
         """Start `slot` afresh from `tokens` (see `extend`)."""
         self.release(slot)
         return self.extend(slot, tokens, features)
 
     @abstractmethod
-    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[np.ndarray, Tensor | None]:
         """Run the root and the tree's nodes in one pass, each node seeing only its ancestors.
 
         Returns logits [1+N, V] and, if asked, hidden states [1+N, D] for (root, nodes). The cache

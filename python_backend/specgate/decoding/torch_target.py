@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -53,12 +54,12 @@ class TorchTarget(Target):
             torch.tensor([ids]), self.cache, torch.tensor([row]), torch.tensor([self._len[slot]]), positions, tree_mask
         )[0]
 
-    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
+    def forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
         start = time.perf_counter()
         logits = self._forward(items)
         if self.on_decode is not None:
             self.on_decode((sum(len(t) for _, t in items), len(items)), start, time.perf_counter())
-        return logits
+        return logits.numpy()
 
     def _forward(self, items: Sequence[tuple[int, Sequence[int]]]) -> Tensor:
         out: list[Tensor | None] = [None] * len(items)
@@ -82,12 +83,12 @@ class TorchTarget(Target):
                 out[i] = logits[j]
         return torch.stack(out)  # type: ignore[arg-type]
 
-    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[Tensor, Tensor | None]:
+    def extend(self, slot: int, tokens: Sequence[int], features: bool) -> tuple[np.ndarray, Tensor | None]:
         hidden = self._run(slot, list(tokens))
         self._len[slot] += len(tokens)
-        return self.model.logits(hidden[-1]), hidden if features else None
+        return self.model.logits(hidden[-1]).numpy(), hidden if features else None
 
-    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[Tensor, Tensor | None]:
+    def verify(self, slot: int, root: int, tree: DraftTree, features: bool) -> tuple[np.ndarray, Tensor | None]:
         # A chain is the model's default (causal mask, consecutive positions): its cheaper path.
         chain = tree.is_chain
         start = self._len[slot]
@@ -104,7 +105,7 @@ class TorchTarget(Target):
         self.last_verify_ms = 1000 * (ended - began)
         if self.on_decode is not None:
             self.on_decode((1 + len(tree), chain, features), began, ended)
-        return logits, hidden if features else None
+        return logits.numpy(), hidden if features else None
 
     def commit(self, slot: int, keep: Sequence[int]) -> None:
         if not keep or keep[0] != 0 or max(keep) >= self._pending:

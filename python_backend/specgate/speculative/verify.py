@@ -8,6 +8,7 @@ root, row `1 + i` after node `i`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -15,7 +16,7 @@ from specgate.decoding.sampling import draw, greedy_tokens
 from specgate.speculative.drafter import DraftTree
 
 
-def verify_greedy(tree: DraftTree, logits: Tensor) -> tuple[list[int], int]:
+def verify_greedy(tree: DraftTree, logits: np.ndarray) -> tuple[list[int], int]:
     """Follow the child whose token is the target's argmax; the argmax where none matches is the bonus."""
     best = greedy_tokens(logits)
     tokens, children = tree.tokens.tolist(), tree.children()
