@@ -10,7 +10,7 @@ path); a draft model runs as a second target through `extend` and `truncate`. Lo
 float32 NumPy arrays and hidden states as float32 torch tensors, on the CPU, so sampling and
 verification are the same code for both. Why NumPy: llama.cpp's logits start there, and a greedy
 token needs only NumPy's argmax; the torch tensor's round trip after each decode (`from_numpy`, a
-row, `.numpy()`) was 0.12 ms of the 0.32-0.43 ms of Python between two plain decodes on a 2-core
+row, `.numpy()`) was 0.12 ms of the 0.3-0.4 ms of Python between two plain decodes on a 2-core
 EPYC, its caches cold after the decode (docs/engines.md, "Threads"). Sampling reads the rows as
 tensors without a copy (`torch.as_tensor`).
 """
