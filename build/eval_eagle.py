@@ -252,7 +252,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     ap.add_argument("--engines", default="", help="comma-separated backends (torch, llamacpp) to measure tau through instead")
     ap.add_argument("--head-dtypes", default="auto",
-                    help="with --engines: comma-separated head weights to measure (auto, int8, bfloat16, float32)")
+                    help="with --engines: comma-separated ways to run the head (auto, kernel, int8, bfloat16, float32)")
     a = ap.parse_args()
     if not a.engines:
         print(evaluate(a.checkpoint, a.head, eagle_data.load_sharegpt(), a.prompts, a.k, a.max_new, a.threads))

@@ -31,6 +31,11 @@ whatever its size, and kernels that make that cheap:
   through llamacpp_kernels/amx_vnni_rows.cpp, which loads and unpacks each weight tile once for all
   of them (ggml's VNNI kernels read one row).
 
+Beside the decode's kernels, one for the EAGLE head (llamacpp_kernels/eagle_layer.c): its layer and
+draft logits for a few new pairs in one call, int8 products read once each, where PyTorch ran about
+60 operators a drafted node (specgate.speculative.eagle_kernel). It sits in the CPU backend so that
+each of a portable build's variants compiles it for its own instruction sets.
+
 Beside the kernels, one edit to llama.cpp itself: a context keeps the graph of each recent decode
 shape with the scheduler that allocated it, where upstream keeps only the last one
 (llamacpp_kernels/kept_graphs.cpp). Speculative decoding alternates shapes, and every change built
@@ -114,8 +119,16 @@ EDITS: tuple[tuple[str, str, str], ...] = (
         "    GGML_BACKEND_API bool ggml_cpu_batch_invariant(void);\n"
         "    // specgate patch: the tile matmul kernels and the blocked attention (on by default); off: per-row kernels\n"
         "    GGML_BACKEND_API void ggml_cpu_set_tile_kernels(bool on);\n"
-        "    GGML_BACKEND_API bool ggml_cpu_tile_kernels(void);\n",
+        "    GGML_BACKEND_API bool ggml_cpu_tile_kernels(void);\n"
+        "    // specgate patch: the EAGLE head's layer and draft logits, fused (llamacpp_kernels/eagle_layer.c)\n"
+        "    struct specgate_eagle_weights;\n"
+        "    GGML_BACKEND_API int ggml_cpu_specgate_eagle_layer(const struct specgate_eagle_weights * w, int rows,\n"
+        "        const int32_t * tokens, const float * features, const int32_t * positions, const uint8_t * visible,\n"
+        "        float * cache_k, float * cache_v, int cache_len, float * out);\n"
+        "    GGML_BACKEND_API void ggml_cpu_specgate_eagle_logits(const struct specgate_eagle_weights * w, int rows,\n"
+        "        const float * hidden, float * logits);\n",
     ),
+    ("ggml/src/ggml-cpu/ggml-cpu.c", *_insert_before("void ggml_cpu_init(void) {\n", "eagle_layer.c")),
     ("ggml/src/ggml-cpu/ggml-cpu.c", "void ggml_compute_forward_mul_mat(\n", _SWITCHES + "void ggml_compute_forward_mul_mat(\n"),
     (
         "ggml/src/ggml-cpu/ggml-cpu.c",

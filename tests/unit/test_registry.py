@@ -39,13 +39,19 @@ def test_unknown_unloaded_or_out_of_range_is_refused(gguf):
 
 
 def test_eagle_head_weights_follow_the_config(gguf):
-    """auto = int8 where torch has x86's int8 kernels; a named float dtype keeps float weights."""
-    from specgate.speculative.eagle_head import int8_supported
+    """auto = the fused llama.cpp kernel (the patched build has it); int8 = PyTorch's int8 products where
+    torch has x86's int8 kernels; a named float dtype keeps float weights; the kernel needs llama.cpp."""
+    from specgate.speculative.eagle_kernel import KernelEagleHead
 
     cfg = EngineConfig(model=gguf, eagle_head_dir=HEAD, max_context=64)
     target = load_target(cfg, gguf, num_slots=1)
-    for dtype, int8 in (("auto", int8_supported()), ("int8", True), ("float32", False), ("bfloat16", False)):
+    for dtype in ("auto", "kernel"):
+        drafters = build_drafters(target, cfg.model_copy(update={"eagle_head_dtype": dtype}))
+        assert all(isinstance(drafters[name].head, KernelEagleHead) for name in ("eagle", "eagle2")), dtype
+    for dtype, int8 in (("int8", True), ("float32", False), ("bfloat16", False)):
         head = build_drafters(target, cfg.model_copy(update={"eagle_head_dtype": dtype}))["eagle"].head
         quantized = not isinstance(head.lm_head, torch.nn.Linear)
         assert quantized == int8, dtype
-        assert head.dtype == (torch.float32 if int8 else cfg.torch_dtype if dtype == "auto" else getattr(torch, dtype))
+        assert head.dtype == (torch.float32 if int8 else getattr(torch, dtype))
+    with pytest.raises(ValueError, match="needs backend 'llamacpp'"):
+        build_drafters(target, cfg.model_copy(update={"eagle_head_dtype": "kernel", "backend": "torch"}))

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # torch is imported where a dtype is resolved: rendering a re
 
 Backend = Literal["llamacpp", "torch"]
 DType = Literal["auto", "bfloat16", "float32"]
-HeadDType = Literal["auto", "int8", "bfloat16", "float32"]
+HeadDType = Literal["auto", "kernel", "int8", "bfloat16", "float32"]
 
 
 class CalibrationOverride(BaseModel):
@@ -65,10 +65,13 @@ class EngineConfig(BaseModel):
     # in the gate's policy only; a direct engine call names its algorithm.
     draft_model: Path | None = Field(None, description="draft GGUF (llamacpp) or checkpoint (torch) sharing the vocabulary")
     eagle_head_dir: Path | None = None
-    # A drafted node is one row through the head's products; in int8 it cost about half of bf16's
-    # time on an AMX Xeon (docs/speculative.md, "EAGLE"). Drafts are proposals: output is unchanged.
+    # A drafted node is one row through the head's products; in PyTorch its ~60 operators cost a fifth
+    # to a third of a decode, the fused kernel a few percent (docs/speculative.md, "The EAGLE head's
+    # weights"). Drafts are proposals: output is unchanged.
     eagle_head_dtype: HeadDType = Field(
-        "auto", description="the EAGLE head's weights; auto = int8 where torch has x86's int8 kernels, else `dtype`"
+        "auto", description="how the EAGLE head runs: kernel = llama.cpp's fused int8 layer (the patched build, "
+                            "backend llamacpp); int8 = PyTorch's int8 products; bfloat16 / float32 = PyTorch in that dtype; "
+                            "auto = kernel where the build has it, else int8 where torch has x86's int8 kernels, else `dtype`"
     )
     # Measurements spec_engine pins instead of taking (tests, or an operator): specgate.cost_model.calibration.
     calibration_override: CalibrationOverride | None = None

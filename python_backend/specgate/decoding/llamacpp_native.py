@@ -165,6 +165,10 @@ class Native:
     def free_threadpool(self, pool: int) -> None:
         self._cpu.ggml_threadpool_free(pool)
 
+    def cpu_function(self, name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+        """A function of the loaded CPU backend (the patch's EAGLE kernel), or None where this build lacks it."""
+        return getattr(self._cpu, name, None)
+
     # -- batch invariance (the patch) -------------------------------------------------------------
     @property
     def has_batch_invariance(self) -> bool:

@@ -16,6 +16,8 @@ from torch import Tensor
 from specgate.decoding.sampling import SamplingParams, draw, warp
 from specgate.decoding.tree import DraftTree
 from specgate.speculative.drafter import Drafter
+from specgate.speculative.eagle_head import EagleHead
+from specgate.speculative.eagle_kernel import KernelEagleHead
 
 
 class EagleBase(Drafter):
@@ -23,7 +25,7 @@ class EagleBase(Drafter):
 
     uses_features = True
 
-    def __init__(self, head: torch.nn.Module, vocab_size: int, max_len: int) -> None:
+    def __init__(self, head: EagleHead | KernelEagleHead, vocab_size: int, max_len: int) -> None:
         self.head = head
         self.vocab_size = vocab_size
         self.cache = head.new_cache(max_len, head.dtype)

@@ -21,12 +21,14 @@ from torch import Tensor
 from specgate.algorithms import EAGLE2_DEPTH
 from specgate.decoding.tree import DraftTree
 from specgate.speculative.eagle import EagleBase
+from specgate.speculative.eagle_head import EagleHead
+from specgate.speculative.eagle_kernel import KernelEagleHead
 
 
 class Eagle2Drafter(EagleBase):
     name = "eagle2"
 
-    def __init__(self, head: torch.nn.Module, vocab_size: int, max_len: int, depth: int = EAGLE2_DEPTH, top_k: int = 4) -> None:
+    def __init__(self, head: EagleHead | KernelEagleHead, vocab_size: int, max_len: int, depth: int = EAGLE2_DEPTH, top_k: int = 4) -> None:
         super().__init__(head, vocab_size, max_len)
         self.depth, self.top_k = depth, top_k
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specgate.decoding.config import EngineConfig
+from specgate.decoding.llamacpp_native import native
 from specgate.decoding.loading import load_target
 from specgate.decoding.target import Target
 from specgate.speculative.draft_model import DraftModelDrafter
 from specgate.speculative.drafter import Drafter
 from specgate.speculative.eagle import EagleDrafter
 from specgate.speculative.eagle2 import Eagle2Drafter
-from specgate.speculative.eagle_head import int8_supported, load_eagle_head
+from specgate.speculative.eagle_head import EagleHead, int8_supported, load_eagle_head
+from specgate.speculative.eagle_kernel import KernelEagleHead, KernelFunctions
 from specgate.speculative.hybrid import HybridDrafter
 from specgate.speculative.ngram import NgramDrafter
 
@@ -23,13 +27,23 @@ def build_drafters(target: Target, cfg: EngineConfig) -> dict[str, Drafter]:
     if cfg.draft_model is not None:
         drafters.append(DraftModelDrafter(load_target(cfg, cfg.draft_model, num_slots=1), vocab))
     if cfg.eagle_head_dir is not None:
-        embed, lm_head = target.embeddings()
-        int8 = cfg.eagle_head_dtype == "int8" or (cfg.eagle_head_dtype == "auto" and int8_supported())
-        dtype = cfg.torch_dtype if cfg.eagle_head_dtype in ("auto", "int8") else getattr(torch, cfg.eagle_head_dtype)
-        head = load_eagle_head(cfg.eagle_head_dir, embed, lm_head, dtype, int8=int8)
+        head = _eagle_head(target, cfg, cfg.eagle_head_dir)
         drafters += [
             EagleDrafter(head, vocab, max_len),
             Eagle2Drafter(head, vocab, max_len),
             HybridDrafter(Eagle2Drafter(head, vocab, max_len), NgramDrafter()),
         ]
     return {d.name: d for d in drafters}
+
+
+def _eagle_head(target: Target, cfg: EngineConfig, path: Path) -> EagleHead | KernelEagleHead:
+    """The head as `cfg.eagle_head_dtype` asks (config.py): the fused kernel, PyTorch int8, or a float dtype."""
+    embed, lm_head = target.embeddings()
+    kernel = KernelFunctions(native().cpu_function) if cfg.backend == "llamacpp" else None
+    if cfg.eagle_head_dtype == "kernel" or (cfg.eagle_head_dtype == "auto" and kernel is not None and kernel.available):
+        if kernel is None:
+            raise ValueError("eagle_head_dtype 'kernel' is llama.cpp's: it needs backend 'llamacpp'")
+        return KernelEagleHead(load_eagle_head(path, embed, lm_head, torch.float32), kernel, target.info.max_context)
+    int8 = cfg.eagle_head_dtype == "int8" or (cfg.eagle_head_dtype == "auto" and int8_supported())
+    dtype = cfg.torch_dtype if cfg.eagle_head_dtype in ("auto", "int8") else getattr(torch, cfg.eagle_head_dtype)
+    return load_eagle_head(path, embed, lm_head, dtype, int8=int8)
