@@ -32,8 +32,8 @@ whatever its size, and kernels that make that cheap:
   of them (ggml's VNNI kernels read one row).
 
 Beside the decode's kernels, one for the EAGLE head (llamacpp_kernels/eagle_layer.c): its layer and
-draft logits for a few new pairs in one call, int8 products read once each, where PyTorch ran about
-60 operators a drafted node (specgate.speculative.eagle_kernel). It sits in the CPU backend so that
+draft logits for a few new pairs in one call, int8 products read once each and split with one helper
+thread, where PyTorch ran about 60 operators a drafted node (specgate.speculative.eagle_kernel). It sits in the CPU backend so that
 each of a portable build's variants compiles it for its own instruction sets.
 
 Beside the kernels, one edit to llama.cpp itself: a context keeps the graph of each recent decode

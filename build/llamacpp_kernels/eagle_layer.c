@@ -9,9 +9,12 @@
 // whose outliers one int8 scale cannot hold.
 // tests/unit/test_eagle_kernel.py holds it to a PyTorch emulation of the same arithmetic.
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -21,6 +24,7 @@ struct specgate_eagle_weights {
     int32_t vocab;             // rows of embed
     int32_t max_len;           // cells of the K/V cache
     int32_t rope_len;          // rows of rope_cos / rope_sin
+    int32_t threads;           // 2: the caller and one helper share each product's rows; 1: the caller alone
     float eps;
     const float * embed;       // [vocab][hidden], the target's input table
     const uint16_t * fc;       // [hidden][2 hidden] bf16 (the head file's own dtype): cat(embedding, feature) -> hidden
@@ -166,24 +170,132 @@ static inline void specgate_prefetch(const void * p, size_t bytes, int in_range)
     }
 }
 
-// y[t][n] = scale[n] * xs[t] * dot(w[n], xq[t]) for t < rows <= 64: each weight row read once for all rows.
+// One product: y[t][n] = scale[n] * xs[t] * dot(w[n], xq[t]) for int8 weights, or dot(w[n], x[t]) for
+// bf16 ones (no scales), t < rows <= 64. Each weight row is read once for all the rows.
+struct specgate_product {
+    const void * w;
+    const float * scale;   // NULL: bf16 weights against fp32 inputs x
+    int n_out, k, rows;
+    const int8_t * xq;
+    const float * xs;
+    const float * x;
+    float * y;
+};
+
+static void specgate_product_rows(const struct specgate_product * p, int n0, int n1) {
+    const int k = p->k;
+    int32_t dots[4];
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        if (p->scale == NULL) {
+            const uint16_t * w = (const uint16_t *) p->w;
+            specgate_prefetch(w + (size_t) (n + 16)*k, 8*k, n + 16 < n1);
+            for (int r = 0; r < nr; ++r) {
+                for (int t = 0; t < p->rows; ++t) {
+                    p->y[(size_t) t*p->n_out + n + r] = specgate_dot_bf16(w + (size_t) (n + r)*k, p->x + (size_t) t*k, k);
+                }
+            }
+            continue;
+        }
+        const int8_t * w = (const int8_t *) p->w;
+        specgate_prefetch(w + (size_t) (n + 16)*k, 4*k, n + 16 < n1);
+        for (int t = 0; t < p->rows; ++t) {
+            specgate_dot4_i8(w + (size_t) n*k, nr, p->xq + (size_t) t*k, k, dots);
+            for (int r = 0; r < nr; ++r) {
+                p->y[(size_t) t*p->n_out + n + r] = (float) dots[r] * (p->scale[n + r] * p->xs[t]);
+            }
+        }
+    }
+}
+
+// A second thread for the products. A node reads the head's weights from memory (a decode between two
+// drafts streams the target through the caches), and one core reads at about half of what two do, so
+// each product's rows are split between the caller and one helper. The helper spins for a short while
+// after each product (the next one follows within microseconds) and then sleeps, so that it does not
+// take a core from the decode that follows a draft. Each output is computed whole by one thread: the
+// result does not depend on the split. One caller at a time (a mutex); a busy helper means one thread.
+#define SPECGATE_SPIN_NS 100000  // 0.1 ms: a decode that follows a draft loses at most that much of a core
+static pthread_mutex_t specgate_mutex = PTHREAD_MUTEX_INITIALIZER;  // held by the caller for a whole product
+static pthread_mutex_t specgate_wake_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t specgate_wake = PTHREAD_COND_INITIALIZER;
+static atomic_int specgate_posted, specgate_finished;
+static const struct specgate_product * specgate_job;
+static int specgate_job_n0, specgate_job_n1;
+static int specgate_helper_state;  // 0: not started, 1: running, -1: could not start
+
+static int64_t specgate_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void * specgate_helper(void * unused) {
+    (void) unused;
+    int seen = 0;
+    for (;;) {
+        const int64_t until = specgate_now_ns() + SPECGATE_SPIN_NS;
+        while (atomic_load_explicit(&specgate_posted, memory_order_acquire) == seen && specgate_now_ns() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        if (atomic_load_explicit(&specgate_posted, memory_order_acquire) == seen) {
+            pthread_mutex_lock(&specgate_wake_mutex);
+            while (atomic_load_explicit(&specgate_posted, memory_order_acquire) == seen) {
+                pthread_cond_wait(&specgate_wake, &specgate_wake_mutex);
+            }
+            pthread_mutex_unlock(&specgate_wake_mutex);
+        }
+        seen = atomic_load_explicit(&specgate_posted, memory_order_acquire);
+        specgate_product_rows(specgate_job, specgate_job_n0, specgate_job_n1);
+        atomic_store_explicit(&specgate_finished, seen, memory_order_release);
+    }
+    return NULL;
+}
+
+static void specgate_run(const struct specgate_product * p, int threads) {
+    if (threads < 2 || p->n_out < 64 || pthread_mutex_trylock(&specgate_mutex) != 0) {
+        specgate_product_rows(p, 0, p->n_out);
+        return;
+    }
+    if (specgate_helper_state == 0) {
+        pthread_t t;
+        specgate_helper_state = pthread_create(&t, NULL, specgate_helper, NULL) == 0 ? 1 : -1;
+        if (specgate_helper_state == 1) {
+            pthread_detach(t);
+        }
+    }
+    if (specgate_helper_state != 1) {
+        pthread_mutex_unlock(&specgate_mutex);
+        specgate_product_rows(p, 0, p->n_out);
+        return;
+    }
+    const int half = (p->n_out / 2 + 3) & ~3;
+    specgate_job = p;
+    specgate_job_n0 = half;
+    specgate_job_n1 = p->n_out;
+    pthread_mutex_lock(&specgate_wake_mutex);
+    const int ticket = atomic_fetch_add_explicit(&specgate_posted, 1, memory_order_acq_rel) + 1;
+    pthread_cond_signal(&specgate_wake);
+    pthread_mutex_unlock(&specgate_wake_mutex);
+    specgate_product_rows(p, 0, half);
+    while (atomic_load_explicit(&specgate_finished, memory_order_acquire) != ticket) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    pthread_mutex_unlock(&specgate_mutex);
+}
+
+// An int8 product of `rows` fp32 inputs x [rows][k]: each row quantized into xq, then the product.
 static void specgate_linear_i8(const int8_t * w, const float * scale, int n_out, int k, int rows, const float * x,
-                               int8_t * xq, float * y) {
+                               int8_t * xq, float * y, int threads) {
     float xs[64];
     for (int t = 0; t < rows; ++t) {
         xs[t] = specgate_quantize_row(x + (size_t) t*k, k, xq + (size_t) t*k);
     }
-    int32_t dots[4];
-    for (int n = 0; n < n_out; n += 4) {
-        const int nr = n_out - n < 4 ? n_out - n : 4;
-        specgate_prefetch(w + (size_t) (n + 16)*k, 4*k, n + 16 < n_out);
-        for (int t = 0; t < rows; ++t) {
-            specgate_dot4_i8(w + (size_t) n*k, nr, xq + (size_t) t*k, k, dots);
-            for (int r = 0; r < nr; ++r) {
-                y[(size_t) t*n_out + n + r] = (float) dots[r] * (scale[n + r] * xs[t]);
-            }
-        }
-    }
+    const struct specgate_product p = {w, scale, n_out, k, rows, xq, xs, NULL, y};
+    specgate_run(&p, threads);
 }
 
 GGML_BACKEND_API void ggml_cpu_specgate_eagle_logits(const struct specgate_eagle_weights * w, int rows, const float * hidden,
@@ -192,7 +304,7 @@ GGML_BACKEND_API void ggml_cpu_specgate_eagle_logits(const struct specgate_eagle
     for (int t = 0; t < rows; t += 64) {  // 64 rows' scales at a time (specgate_linear_i8)
         const int n = rows - t < 64 ? rows - t : 64;
         specgate_linear_i8(w->lm_head, w->lm_head_scale, w->draft_vocab, w->hidden, n, hidden + (size_t) t*w->hidden, xq,
-                           logits + (size_t) t*w->draft_vocab);
+                           logits + (size_t) t*w->draft_vocab, w->threads);
     }
     free(xq);
 }
@@ -239,15 +351,11 @@ GGML_BACKEND_API int ggml_cpu_specgate_eagle_layer(const struct specgate_eagle_w
         memcpy(in + (size_t) t*2*D, w->embed + (size_t) tokens[t]*D, sizeof(float) * D);
         memcpy(in + (size_t) t*2*D + D, features + (size_t) t*D, sizeof(float) * D);
     }
-    for (int n = 0; n < D; ++n) {
-        specgate_prefetch(w->fc + (size_t) (n + 4)*2*D, 4*D, n + 4 < D);
-        for (int t = 0; t < rows; ++t) {
-            x[(size_t) t*D + n] = specgate_dot_bf16(w->fc + (size_t) n*2*D, in + (size_t) t*2*D, 2*D);
-        }
-    }
+    const struct specgate_product fc = {w->fc, NULL, D, 2*D, rows, NULL, NULL, in, x};
+    specgate_run(&fc, w->threads);
 
     // attention (no input norm): q, k, v; RoPE; the new K/V into the cache; then each row over its cells
-    specgate_linear_i8(w->qkv, w->qkv_scale, QKV, D, rows, x, xq, act);
+    specgate_linear_i8(w->qkv, w->qkv_scale, QKV, D, rows, x, xq, act, w->threads);
     for (int t = 0; t < rows; ++t) {
         float * q = act + (size_t) t*QKV;
         const float * cs = w->rope_cos + (size_t) positions[t]*HD;
@@ -292,7 +400,7 @@ GGML_BACKEND_API int ggml_cpu_specgate_eagle_layer(const struct specgate_eagle_w
             }
         }
     }
-    specgate_linear_i8(w->o, w->o_scale, D, H*HD, rows, att, xq, tmp);
+    specgate_linear_i8(w->o, w->o_scale, D, H*HD, rows, att, xq, tmp, w->threads);
     for (size_t i = 0; i < (size_t) rows*D; ++i) {
         x[i] += tmp[i];
     }
@@ -305,14 +413,14 @@ GGML_BACKEND_API int ggml_cpu_specgate_eagle_layer(const struct specgate_eagle_w
             in[(size_t) t*D + i] = w->post_norm[i] * (xt[i] * r);
         }
     }
-    specgate_linear_i8(w->gate_up, w->gate_up_scale, 2*F, D, rows, in, xq, act);
+    specgate_linear_i8(w->gate_up, w->gate_up_scale, 2*F, D, rows, in, xq, act, w->threads);
     for (int t = 0; t < rows; ++t) {
         const float * g = act + (size_t) t*2*F;
         for (int i = 0; i < F; ++i) {
             tmp[(size_t) t*F + i] = g[i] / (1.0f + expf(-g[i])) * g[F + i];
         }
     }
-    specgate_linear_i8(w->down, w->down_scale, D, F, rows, tmp, xq, act);
+    specgate_linear_i8(w->down, w->down_scale, D, F, rows, tmp, xq, act, w->threads);
     for (size_t i = 0; i < (size_t) rows*D; ++i) {
         out[i] = x[i] + act[i];
     }

@@ -63,16 +63,18 @@ def _tiny_head(draft_vocab: int = 50) -> EagleHead:
 def test_the_kernel_computes_the_heads_layer_in_int8(kernel: KernelFunctions) -> None:
     """A prompt's pairs, a chain of single pairs and a tree block under a mask at given positions, through
     the kernel and through the PyTorch layer with the kernel's int8 products: the same features and the
-    same K/V in the cache, to float rounding. A draft vocabulary of 50 rows (not a multiple of 4)."""
+    same K/V in the cache, to float rounding. A draft vocabulary of 50 rows (not a multiple of 4). With
+    a helper thread on half of each product's rows (wide enough to split: 64+ rows), the same bits."""
     head = _tiny_head()
     em = _emulation(head)
     fused = KernelEagleHead(copy.deepcopy(head), kernel, max_len=32)
+    split = KernelEagleHead(copy.deepcopy(head), kernel, max_len=32, threads=2)
     torch.manual_seed(2)
     feats, ids = torch.randn(1, 12, 64) * 3, torch.randint(0, 300, (1, 12))
-    caches = [em.new_cache(32, torch.float32), fused.new_cache(32, torch.float32)]
+    caches = [em.new_cache(32, torch.float32), fused.new_cache(32, torch.float32), split.new_cache(32, torch.float32)]
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     with torch.inference_mode():
-        for h, cache in zip((em, fused), caches):
+        for h, cache in zip((em, fused, split), caches):
             out = [h(feats[:, :6], ids[:, :6], cache, 0)]
             out += [h(feats[:, t : t + 1], ids[:, t : t + 1], cache, t) for t in (6, 7)]
             out.append(h(feats[:, 8:], ids[:, 8:], cache, 8, positions=torch.tensor([[8, 9, 9, 10]]), tree_mask=mask))
@@ -82,6 +84,8 @@ def test_the_kernel_computes_the_heads_layer_in_int8(kernel: KernelFunctions) ->
     torch.testing.assert_close(fused.logits, em.logits, atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(caches[1].k[0, 0, :, :12], caches[0].k[0, 0, :, :12], atol=2e-4, rtol=2e-4)
     torch.testing.assert_close(caches[1].v[0, 0, :, :12], caches[0].v[0, 0, :, :12], atol=2e-4, rtol=2e-4)
+    assert torch.equal(split.result, fused.result) and torch.equal(split.logits, fused.logits)
+    assert torch.equal(caches[2].k, caches[1].k) and torch.equal(caches[2].v, caches[1].v)
     # the control: the float layer is not what the kernel computes
     with torch.inference_mode():
         ref = head(feats[:, :6], ids[:, :6], head.new_cache(32, torch.float32), 0)

@@ -36,7 +36,8 @@ class EagleWeights(ctypes.Structure):
 
     _fields_ = [
         *[(name, ctypes.c_int32) for name in
-          ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "draft_vocab", "vocab", "max_len", "rope_len")],
+          ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "draft_vocab", "vocab", "max_len", "rope_len",
+           "threads")],
         ("eps", ctypes.c_float),
         ("embed", _F),
         ("fc", ctypes.POINTER(ctypes.c_uint16)),
@@ -84,11 +85,12 @@ def _ptr(t: Tensor) -> int:
 
 
 class KernelEagleHead:
-    """An fp32 `EagleHead` run through the fused kernel, with K/V caches of `max_len` cells. It takes
+    """An fp32 `EagleHead` run through the fused kernel, with K/V caches of `max_len` cells; `threads`
+    2 splits each product's rows between the caller and one helper thread (eagle_layer.c). It takes
     the head over: blocks of more than MAX_ROWS pairs go through it, in int8 (`quantize_int8`) where
     torch has x86's int8 kernels."""
 
-    def __init__(self, head: EagleHead, kernel: KernelFunctions, max_len: int) -> None:
+    def __init__(self, head: EagleHead, kernel: KernelFunctions, max_len: int, threads: int = 1) -> None:
         if not kernel.available:
             raise RuntimeError("this llama-cpp-python build lacks the fused EAGLE layer; reinstall it with `make setup`")
         if head.dtype != torch.float32:
@@ -111,7 +113,7 @@ class KernelEagleHead:
         self._w = EagleWeights(
             hidden=cfg.hidden_size, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
             intermediate=cfg.intermediate_size, draft_vocab=cfg.draft_vocab_size, vocab=k["embed"].shape[0],
-            max_len=max_len, rope_len=k["rope_cos"].shape[0], eps=cfg.rms_norm_eps,
+            max_len=max_len, rope_len=k["rope_cos"].shape[0], threads=min(threads, 2), eps=cfg.rms_norm_eps,
             **{name: ctypes.cast(_ptr(t), dict(EagleWeights._fields_)[name]) for name, t in k.items()},
         )
         self.max_len = max_len

@@ -43,7 +43,8 @@ def _eagle_head(target: Target, cfg: EngineConfig, path: Path) -> EagleHead | Ke
     if cfg.eagle_head_dtype == "kernel" or (cfg.eagle_head_dtype == "auto" and kernel is not None and kernel.available):
         if kernel is None:
             raise ValueError("eagle_head_dtype 'kernel' is llama.cpp's: it needs backend 'llamacpp'")
-        return KernelEagleHead(load_eagle_head(path, embed, lm_head, torch.float32), kernel, target.info.max_context)
+        head = load_eagle_head(path, embed, lm_head, torch.float32)
+        return KernelEagleHead(head, kernel, target.info.max_context, threads=cfg.threads)
     int8 = cfg.eagle_head_dtype == "int8" or (cfg.eagle_head_dtype == "auto" and int8_supported())
     dtype = cfg.torch_dtype if cfg.eagle_head_dtype in ("auto", "int8") else getattr(torch, cfg.eagle_head_dtype)
     return load_eagle_head(path, embed, lm_head, dtype, int8=int8)
