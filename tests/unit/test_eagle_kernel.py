@@ -105,6 +105,8 @@ def test_long_blocks_go_through_the_pytorch_head_and_bad_ranges_raise(kernel: Ke
         fused(feats[:, :2], ids[:, :2], cache, MAX_ROWS + 7)  # past the cache's last cell
     with pytest.raises(ValueError, match="out of range"):
         fused(feats[:, :1], torch.tensor([[300]]), cache, 0)  # not a token of the vocabulary
+    with pytest.raises(ValueError, match="not this head's cache"):
+        fused(feats[:, :1], ids[:, :1], fused.fallback.new_cache(MAX_ROWS, torch.float32), 0)
     with pytest.raises(ValueError, match="fp32"):
         KernelEagleHead(_tiny_head().to(torch.bfloat16), kernel, max_len=8)
 

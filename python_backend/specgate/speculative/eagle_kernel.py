@@ -2,10 +2,11 @@
 
 In PyTorch a drafted node is about 60 operators beside its five products, and their per-call costs
 made a node cost a fifth to a third of a decode on 2-core CPUs (docs/speculative.md, "The EAGLE
-head's weights"). `ggml_cpu_specgate_eagle_layer` (build/llamacpp_kernels/eagle_layer.c) runs the
-layer for up to 64 new pairs in one call: int8 weights with a scale per output row, activations
-quantized per row, `fc` in bf16 (the head file's dtype) with fp32 inputs. Longer blocks (a prompt's catch-up) take the PyTorch head, whose
-int8 products are blocked for many rows. Both write the same K/V cache.
+head: one call a node"). `ggml_cpu_specgate_eagle_layer` (build/llamacpp_kernels/eagle_layer.c)
+runs the layer for up to 64 new pairs in one call: int8 weights with a scale per output row,
+activations quantized per row, `fc` in bf16 (the head file's dtype) with fp32 inputs. Longer blocks
+(a prompt's catch-up) take the PyTorch head, whose int8 products are blocked for many rows. Both
+write the same K/V cache.
 
 `KernelEagleHead` offers what the drafters use of `EagleHead`: calling it, `draft_logits`,
 `draft_token`, `d2t`, `dtype` and `new_cache`. Drafts are only proposals: this changes which tokens
@@ -133,6 +134,9 @@ class KernelEagleHead:
                  positions: Tensor | None = None, tree_mask: Tensor | None = None) -> Tensor:
         """As `EagleHead.forward`: pairs (features[:, t], input_ids[:, t]) -> predicted features [1, T, D]."""
         T = input_ids.shape[1]
+        if cache.max_len != self.max_len or cache.k.dtype != torch.float32:  # the kernel writes cells by its own sizes
+            raise ValueError(f"not this head's cache: {cache.max_len} cells of {cache.k.dtype}, "
+                             f"the kernel's are {self.max_len} of torch.float32 (new_cache)")
         if T > MAX_ROWS:
             with torch.inference_mode():
                 return self.fallback(features, input_ids, cache, cache_len, positions, tree_mask)
