@@ -253,12 +253,27 @@ static void * specgate_helper(void * unused) {
     return NULL;
 }
 
+// A forked child has no helper (fork copies only the calling thread), and may have copied a mutex
+// mid-product: it starts its own helper at its first product.
+static void specgate_after_fork(void) {
+    specgate_helper_state = 0;
+    pthread_mutex_init(&specgate_mutex, NULL);
+    pthread_mutex_init(&specgate_wake_mutex, NULL);
+    pthread_cond_init(&specgate_wake, NULL);
+    atomic_store(&specgate_posted, 0);
+    atomic_store(&specgate_finished, 0);
+}
+
 static void specgate_run(const struct specgate_product * p, int threads) {
     if (threads < 2 || p->n_out < 64 || pthread_mutex_trylock(&specgate_mutex) != 0) {
         specgate_product_rows(p, 0, p->n_out);
         return;
     }
     if (specgate_helper_state == 0) {
+        static int registered = 0;
+        if (!registered) {
+            registered = pthread_atfork(NULL, NULL, specgate_after_fork) == 0;
+        }
         pthread_t t;
         specgate_helper_state = pthread_create(&t, NULL, specgate_helper, NULL) == 0 ? 1 : -1;
         if (specgate_helper_state == 1) {

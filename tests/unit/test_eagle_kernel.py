@@ -4,6 +4,9 @@ PyTorch head: the same arithmetic on a tiny head, the same drafts as the float h
 from __future__ import annotations
 
 import copy
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,28 @@ def test_the_kernel_computes_the_heads_layer_in_int8(kernel: KernelFunctions) ->
     with torch.inference_mode():
         ref = head(feats[:, :6], ids[:, :6], head.new_cache(32, torch.float32), 0)
     assert not torch.allclose(ref, fused.result[:, :6], atol=2e-4, rtol=2e-4)
+
+
+def test_a_forked_child_drafts_with_its_own_helper_thread(kernel: KernelFunctions) -> None:
+    """fork copies only the calling thread: a child of a process whose helper ran must start its own
+    helper, not wait for the parent's forever."""
+    fused = KernelEagleHead(_tiny_head(), kernel, max_len=32, threads=2)
+    feats, ids = torch.randn(1, 2, 64), torch.randint(0, 300, (1, 2))
+    with torch.inference_mode():
+        want = fused(feats, ids, fused.new_cache(32, torch.float32), 0)
+    pid = os.fork()
+    if pid == 0:  # the child: the same product, then out without pytest's teardown
+        with torch.inference_mode():
+            same = torch.equal(fused(feats, ids, fused.new_cache(32, torch.float32), 0), want)
+        os._exit(0 if same else 1)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in the kernel")
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's result differed"
 
 
 def test_long_blocks_go_through_the_pytorch_head_and_bad_ranges_raise(kernel: KernelFunctions) -> None:
