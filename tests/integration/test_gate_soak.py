@@ -27,7 +27,8 @@ Fails if a request that was not cancelled raised or timed out (lost), if a respo
 if a stub process died or was replaced, if an engine still holds a request or cache cell at the
 end, if a mirror slot is still held, if an engine failure was counted, if a keyless call was obeyed,
 if the clients that left did not stop their requests, or if the resident memory of the server or of
-any stub grew by more than RSS_GROWTH after the warm-up. Prints the figures: lost requests, tokens
+any stub grew by more than RSS_GROWTH after the warm-up (an engine also by KEPT_GRAPHS_MB, the bound
+of llama.cpp's kept decode graphs). Prints the figures: lost requests, tokens
 the engines generated for clients that had left, open mirrors and the breaker states at the end.
 """
 
@@ -67,6 +68,13 @@ from tests.integration.server_state import ENGINES, MODELS, engines_idle, kv_tok
 DURATION_S = float(os.environ.get("SPECGATE_SOAK_S", 60))
 WARMUP_S = min(30.0, DURATION_S / 3)  # memory is measured from here on
 RSS_GROWTH = 0.03  # and may grow by this share (plus 2 MB for the small processes' page noise)
+# An engine keeps the graph of each of its 16 most recent decode shapes with its own compute buffer
+# (build/llamacpp_kernels/kept_graphs.cpp): a bounded cache, not a leak. Each new shape added 2.3 MB of
+# resident memory with this model, 37 MB for 16, and later shapes reuse what evicted ones freed (2.3 MB
+# a shape for shapes 1-16, 0.5 MB each for 17-20, in one process). Shapes that first appear after the
+# warm-up (a drafter that drafts sizes the warm-up did not verify) raised spec_engine by 33 MB in a
+# 60 s CI soak: allowed, up to the bound.
+KEPT_GRAPHS_MB = 40
 WORKERS = 12
 CANCEL_EVERY = 8
 MAX_TOKENS = 12
@@ -343,4 +351,5 @@ def test_soak_mixed_traffic_with_cancellations_and_reloads(http, grpc, server):
     assert counts["cancelled"] and any(k.startswith("speculative:") for k in counts), f"traffic not mixed: {counts}"
     assert kv_tokens(after) == {"target_engine": 0, "spec_engine": 0}
     for proc, mb in rss["warm"].items():
-        assert rss["end"][proc] <= mb * (1 + RSS_GROWTH) + 2, f"{proc} grew from {mb:.0f} to {rss['end'][proc]:.0f} MB"
+        bound = mb * (1 + RSS_GROWTH) + 2 + (KEPT_GRAPHS_MB if proc in ENGINES else 0)
+        assert rss["end"][proc] <= bound, f"{proc} grew from {mb:.0f} to {rss['end'][proc]:.0f} MB (bound {bound:.0f})"
