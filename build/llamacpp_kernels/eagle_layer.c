@@ -111,6 +111,14 @@ static void specgate_dot4_i8(const int8_t * w, int nr, const int8_t * a, int k, 
     memcpy(out, sums, sizeof(int32_t) * (size_t) nr);
 }
 
+#if defined(__AVX2__)
+static inline float specgate_hsum_f32(const __m256 s) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+#endif
+
 // dot(bf16 row w, fp32 row x): a bf16 value is the top half of an fp32 one.
 static float specgate_dot_bf16(const uint16_t * w, const float * x, int k) {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -123,10 +131,7 @@ static float specgate_dot_bf16(const uint16_t * w, const float * x, int k) {
             s0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), s0);
             s1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), s1);
         }
-        const __m256 s = _mm256_add_ps(s0, s1);
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+        return specgate_hsum_f32(_mm256_add_ps(s0, s1));
     }
 #endif
     float sum = 0.0f;
@@ -145,10 +150,7 @@ static float specgate_dot_f32(const float * a, const float * b, int k) {
             s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
             s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
         }
-        const __m256 s = _mm256_add_ps(s0, s1);
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+        return specgate_hsum_f32(_mm256_add_ps(s0, s1));
     }
 #endif
     float sum = 0.0f;
